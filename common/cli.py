@@ -1,0 +1,174 @@
+"""The `microbatch` command and the composition root.
+
+The only module that knows both roles, and it imports them inside command bodies, so
+`microbatch gateway --help` never imports torch. Every setting is an option: the named
+options below, or any other setting as `--<name> VALUE` (e.g. `--max-batch-size 32`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from common.logs import setup_logging
+from common.settings import Settings
+
+app = typer.Typer(
+    name="microbatch",
+    help="Micro-batching inference over Redis Streams.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+log = logging.getLogger("microbatch")
+
+RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL; omit for embedded")]
+Host = Annotated[str | None, typer.Option(help="Gateway bind address")]
+Port = Annotated[int | None, typer.Option(help="Gateway port")]
+Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
+
+
+def _settings(ctx: typer.Context, **named: Any) -> Settings:
+    """Named options, then `--<setting> VALUE` extras, over MICROBATCH_* environment values."""
+    values = {k: v for k, v in named.items() if v is not None}
+    args = list(ctx.args)
+    while args:
+        flag = args.pop(0)
+        if not flag.startswith("--"):
+            raise typer.BadParameter(f"unexpected argument {flag!r}")
+        name, _, value = flag[2:].partition("=")
+        if not value:
+            if not args:
+                raise typer.BadParameter(f"{flag} needs a value")
+            value = args.pop(0)
+        field = name.replace("-", "_")
+        if field not in Settings.model_fields:
+            raise typer.BadParameter(f"unknown setting --{name}")
+        values[field] = value
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _run(main: Any) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
+def _stop_on_signals(on_stop: Any) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop)
+
+
+def _uvicorn_server(settings: Settings, fastapi_app: Any) -> Any:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Signals are ours: the worker must drain after the gateway stops, not be killed."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # type: ignore[override]
+            yield
+
+    config = uvicorn.Config(
+        fastapi_app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=30,
+    )
+    return Server(config)
+
+
+@app.command(context_settings=EXTRA)
+def serve(
+    ctx: typer.Context,
+    redis_url: RedisUrl = None,
+    host: Host = None,
+    port: Port = None,
+    model: Model = None,
+) -> None:
+    """Gateway and one worker in one process; embedded store unless --redis-url."""
+    settings = _settings(ctx, redis_url=redis_url, host=host, port=port, model=model)
+    setup_logging(settings.log_level)
+
+    async def main() -> None:
+        from common.store import close_store, open_store
+        from gateway.app import create_app
+        from worker.main import run_worker
+
+        store = open_store(settings)
+        server = _uvicorn_server(settings, create_app(settings, store))
+        worker_stop = asyncio.Event()
+        _stop_on_signals(lambda: setattr(server, "should_exit", True))
+        worker = asyncio.create_task(run_worker(settings, worker_stop, store))
+        try:
+            await server.serve()
+        finally:
+            worker_stop.set()  # after the gateway: its in-flight requests need the worker
+            await worker
+            await close_store(store)
+
+    _run(main())
+
+
+@app.command(context_settings=EXTRA)
+def gateway(
+    ctx: typer.Context, redis_url: RedisUrl = None, host: Host = None, port: Port = None
+) -> None:
+    """The HTTP gateway only (needs --redis-url)."""
+    settings = _settings(ctx, redis_url=redis_url, host=host, port=port)
+    if settings.embedded:
+        raise typer.BadParameter("gateway needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
+    setup_logging(settings.log_level)
+
+    async def main() -> None:
+        from common.store import close_store, open_store
+        from gateway.app import create_app
+
+        store = open_store(settings)
+        server = _uvicorn_server(settings, create_app(settings, store))
+        _stop_on_signals(lambda: setattr(server, "should_exit", True))
+        try:
+            await server.serve()
+        finally:
+            await close_store(store)
+
+    _run(main())
+
+
+@app.command(context_settings=EXTRA)
+def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) -> None:
+    """One worker for --model (needs --redis-url). SIGTERM drains and exits 0."""
+    settings = _settings(ctx, redis_url=redis_url, model=model)
+    if settings.embedded:
+        raise typer.BadParameter("worker needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
+    setup_logging(settings.log_level)
+
+    async def main() -> None:
+        from worker.main import run_worker
+
+        stop = asyncio.Event()
+        _stop_on_signals(stop.set)
+        await run_worker(settings, stop)
+
+    _run(main())
+
+
+if __name__ == "__main__":
+    app()

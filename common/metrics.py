@@ -1,0 +1,58 @@
+"""Every Prometheus metric, declared once with the design's names and base units."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+TOKEN_BUCKETS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+RATIO_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+# Gateway
+requests_total = Counter(
+    "microbatch_requests_total", "HTTP requests answered", ["route", "model", "status"]
+)
+request_duration_seconds = Histogram(
+    "microbatch_request_duration_seconds",
+    "HTTP request latency",
+    ["route", "model"],
+    buckets=LATENCY_BUCKETS,
+)
+inflight_requests = Gauge("microbatch_inflight_requests", "HTTP requests being served")
+rejected_total = Counter("microbatch_rejected_total", "Requests refused at admission", ["reason"])
+duplicate_replies_total = Counter(
+    "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
+)
+
+# Worker
+queue_wait_seconds = Histogram(
+    "microbatch_queue_wait_seconds",
+    "Enqueue to compute start",
+    ["model", "bucket"],
+    buckets=LATENCY_BUCKETS,
+)
+batch_size = Histogram(
+    "microbatch_batch_size", "Entries per batch", ["model", "bucket"], buckets=SIZE_BUCKETS
+)
+batch_tokens = Histogram(
+    "microbatch_batch_tokens", "Padded tokens per batch", ["model", "bucket"], buckets=TOKEN_BUCKETS
+)
+padding_ratio = Histogram(
+    "microbatch_padding_ratio",
+    "Share of a batch's tokens that are padding",
+    ["model", "bucket"],
+    buckets=RATIO_BUCKETS,
+)
+compute_seconds = Histogram(
+    "microbatch_compute_seconds",
+    "Model time per batch",
+    ["model", "bucket"],
+    buckets=LATENCY_BUCKETS,
+)
+redeliveries_total = Counter(
+    "microbatch_redeliveries_total", "Entries processed again after a worker died or stalled"
+)
+dead_letters_total = Counter(
+    "microbatch_dead_letters_total", "Entries moved to a dead-letter stream"
+)

@@ -1,0 +1,191 @@
+"""Wire messages: one frozen dataclass per message, one strict msgpack codec, never pickle.
+
+Every message is a flat msgpack map `{"t": tag, "v": version, <fields>}`. Decoding checks the
+size, the tag, the version, the exact field set and every field's type before a dataclass is
+built, so a malformed entry becomes a `ProtocolError` value the caller dead-letters.
+Token ids travel as packed little-endian uint32 bytes and vectors as float32 bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
+PRIORITY_INTERACTIVE = 0
+PRIORITY_BATCH = 1
+
+Kind = Literal["embed"]
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a valid message of this version; the entry is dead-lettered."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestEntry:
+    """One input of one client request, queued on its model's bucket stream."""
+
+    TAG: ClassVar[str] = "req"
+    id: str  # "<request id>.<input index>": the key the reply is routed by
+    model: str
+    kind: str
+    tokens: bytes  # uint32 little-endian token ids, special tokens included
+    deadline_ms: int  # unix epoch ms after which nobody waits for the answer
+    priority: int  # PRIORITY_INTERACTIVE or PRIORITY_BATCH
+    reply_to: str  # the reply stream of the gateway process that asked
+    enqueued_ms: int  # unix epoch ms when the gateway queued it
+    v: int = VERSION
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // 4
+
+    def token_ids(self) -> np.ndarray:
+        return np.frombuffer(self.tokens, dtype="<u4")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbeddingResult:
+    """The answer to one `RequestEntry`, with the timings that become tuning headers."""
+
+    TAG: ClassVar[str] = "emb"
+    id: str
+    embedding: bytes  # float32 little-endian
+    n_tokens: int
+    batch_id: str
+    batch_size: int
+    bucket: int
+    queue_ms: float
+    compute_ms: float
+    worker: str
+    v: int = VERSION
+
+    def vector(self) -> np.ndarray:
+        return np.frombuffer(self.embedding, dtype="<f4")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorReply:
+    """A request that failed in the worker; `status` and `type` reach the client as is."""
+
+    TAG: ClassVar[str] = "err"
+    id: str
+    status: int
+    type: str
+    code: str
+    message: str
+    worker: str
+    v: int = VERSION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLetter:
+    """An entry no worker could process, kept with its raw bytes for an operator."""
+
+    TAG: ClassVar[str] = "dead"
+    stream: str
+    entry_id: str
+    reason: str
+    deliveries: int
+    payload: bytes
+    worker: str
+    v: int = VERSION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo:
+    """What a worker registers so gateways can validate and tokenize without model files."""
+
+    TAG: ClassVar[str] = "model"
+    name: str
+    kind: str
+    dim: int
+    max_tokens: int
+    vocab_size: int
+    tokenizer_sha256: str
+    v: int = VERSION
+
+
+Message = RequestEntry | EmbeddingResult | ErrorReply | DeadLetter | ModelInfo
+_CLASSES: dict[str, type[Message]] = {
+    cls.TAG: cls for cls in (RequestEntry, EmbeddingResult, ErrorReply, DeadLetter, ModelInfo)
+}
+
+
+def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    hints = typing.get_type_hints(cls)
+    allowed: dict[str, tuple[type, ...]] = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        allowed[field.name] = (float, int) if hint is float else (hint,)
+    return allowed
+
+
+_SCHEMAS = {tag: _field_types(cls) for tag, cls in _CLASSES.items()}
+
+
+def encode(message: Message) -> bytes:
+    body = {"t": message.TAG}
+    for field in dataclasses.fields(message):
+        body[field.name] = getattr(message, field.name)
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    """Strictly decode one message; every failure is a `ProtocolError`, never anything else."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise ProtocolError(f"expected bytes, got {type(data).__name__}")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    try:
+        body = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_str_len=MAX_MESSAGE_BYTES,
+            max_bin_len=MAX_MESSAGE_BYTES,
+            max_array_len=0,  # messages are flat: no arrays at all
+            max_map_len=32,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several unrelated types for bad bytes
+        raise ProtocolError(f"not a msgpack message: {exc}") from None
+    return _build(body)
+
+
+def _build(body: object) -> Message:
+    """Check tag, version, field set and field types, then build the dataclass."""
+    if not isinstance(body, dict):
+        raise ProtocolError("message is not a map")
+    tag = body.pop("t", None)
+    cls = _CLASSES.get(tag) if isinstance(tag, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown message tag {tag!r}")
+    if body.get("v") != VERSION:
+        raise ProtocolError(f"unsupported {tag} version {body.get('v')!r}, expected {VERSION}")
+    schema = _SCHEMAS[tag]
+    if body.keys() != schema.keys():
+        missing, extra = schema.keys() - body.keys(), body.keys() - schema.keys()
+        raise ProtocolError(f"{tag}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
+    for name, value in body.items():
+        if not isinstance(value, schema[name]) or isinstance(value, bool):
+            raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+    message = cls(**body)
+    if isinstance(message, RequestEntry) and (not message.tokens or len(message.tokens) % 4):
+        raise ProtocolError(f"req.tokens: {len(message.tokens)} bytes is not a uint32 list")
+    return message
+
+
+def pack_tokens(ids: typing.Sequence[int] | np.ndarray) -> bytes:
+    return np.asarray(ids, dtype="<u4").tobytes()
+
+
+def pack_vector(vector: np.ndarray) -> bytes:
+    return np.ascontiguousarray(vector, dtype="<f4").tobytes()

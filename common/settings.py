@@ -1,0 +1,97 @@
+"""The one settings object: every CLI option and `MICROBATCH_<NAME>` variable, validated once."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+def _split_commas(value: object) -> object:
+    """Accept `128,256,512` from the environment or the CLI as well as a real list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Built once at start-up and passed down; nothing else reads the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="MICROBATCH_", frozen=True, extra="forbid")
+
+    # Where the streams live: None runs the embedded in-process store (serve only).
+    redis_url: str | None = None
+    prefix: str = "mb"
+    redis_socket_timeout_s: float = 5.0
+
+    # Gateway
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    request_timeout_ms: int = Field(default=30_000, gt=0)
+    max_queue_depth: int = Field(default=4096, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_inputs_per_request: int = Field(default=2048, gt=0)
+    # Texts shorter than this are tokenized inline: a thread hop costs more than they do.
+    inline_tokenize_chars: int = Field(default=2048, ge=0)
+    gateway_id: str | None = None
+    reply_maxlen: int = Field(default=10_000, gt=0)
+
+    # Worker
+    model: str = DEFAULT_MODEL
+    buckets: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [128, 256, 512])
+    max_batch_size: int = Field(default=16, gt=0)
+    max_batch_tokens: int = Field(default=16_384, gt=0)
+    max_wait_ms: float = Field(default=10.0, ge=0)
+    claim_idle_ms: int = Field(default=30_000, gt=0)
+    max_deliveries: int = Field(default=3, gt=0)
+    read_block_ms: int = Field(default=1000, gt=0)
+    heartbeat_interval_ms: int = Field(default=1000, gt=0)
+    worker_stale_ms: int = Field(default=5000, gt=0)
+    worker_id: str | None = None
+    torch_threads: int | None = Field(default=None, gt=0)
+    device: str = "cpu"
+    noop_dim: int = Field(default=384, gt=0)
+    noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("buckets", "api_keys", mode="before")
+    @classmethod
+    def _parse_lists(cls, value: object) -> object:
+        return _split_commas(value)
+
+    @field_validator("buckets")
+    @classmethod
+    def _buckets_ascending(cls, value: list[int]) -> list[int]:
+        if not value or any(b <= 0 for b in value) or sorted(set(value)) != value:
+            raise ValueError("buckets must be positive token lengths in strictly ascending order")
+        return value
+
+    @model_validator(mode="after")
+    def _limits_consistent(self) -> Settings:
+        if self.read_block_ms >= self.redis_socket_timeout_s * 1000:
+            # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
+            raise ValueError("read_block_ms must stay below redis_socket_timeout_s")
+        if self.max_batch_tokens < self.buckets[-1]:
+            raise ValueError("max_batch_tokens must hold at least one entry of the largest bucket")
+        return self
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input any worker accepts: the largest bucket."""
+        return self.buckets[-1]
+
+    @property
+    def embedded(self) -> bool:
+        return self.redis_url is None
+
+    def process_id(self, role: str) -> str:
+        """A name unique per process and host: consumer names and reply streams hang on it."""
+        explicit = self.gateway_id if role == "gateway" else self.worker_id
+        return explicit or f"{socket.gethostname()}-{os.getpid()}"

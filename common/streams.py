@@ -1,0 +1,224 @@
+"""Stream key names and the only Redis command call sites; speaks `protocol` bytes.
+
+Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
+    mb:{model}:req:<bucket>    request entries, consumer group `workers`
+    mb:{model}:dead            dead letters
+    mb:{model}:workers         sorted set: consumer name -> last consume-loop beat (ms)
+    mb:reply:<gateway id>      replies for one gateway process
+    mb:models                  hash: model name -> ModelInfo
+    mb:tokenizer:<sha256>      a registered tokenizer's JSON
+
+Request streams are never trimmed by count: an entry is deleted right after it is acked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from redis.exceptions import ResponseError
+
+from common.store import Store, pipeline
+
+GROUP = "workers"
+FIELD = "m"
+DEAD_MAXLEN = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    prefix: str
+
+    def request(self, model: str, bucket: int) -> str:
+        return f"{self.prefix}:{{{model}}}:req:{bucket}"
+
+    def dead(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:dead"
+
+    def workers(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:workers"
+
+    def reply(self, gateway_id: str) -> str:
+        return f"{self.prefix}:reply:{gateway_id}"
+
+    @property
+    def models(self) -> str:
+        return f"{self.prefix}:models"
+
+    def tokenizer(self, sha256: str) -> str:
+        return f"{self.prefix}:tokenizer:{sha256}"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One entry read from a stream; `payload` is None when Redis lost it (trimmed, XDEL'd)."""
+
+    stream: str
+    entry_id: str
+    payload: bytes | None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _entries(stream: bytes | str, items: Iterable) -> list[StreamEntry]:
+    name = _text(stream)
+    return [
+        StreamEntry(name, _text(eid), (fields or {}).get(FIELD.encode())) for eid, fields in items
+    ]
+
+
+async def ensure_groups(store: Store, streams: Iterable[str]) -> None:
+    """Create the group on each stream; BUSYGROUP (already there) is success."""
+    for stream in streams:
+        try:
+            await store.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+async def add_requests(store: Store, items: Sequence[tuple[str, bytes]]) -> list[str]:
+    """XADD many entries in one round trip; returns their ids in order."""
+    pipe = pipeline(store)
+    for stream, payload in items:
+        pipe.xadd(stream, {FIELD: payload})
+    return [_text(entry_id) for entry_id in await pipe.execute()]
+
+
+async def read_group(
+    store: Store, consumer: str, streams: dict[str, str], *, count: int, block_ms: int | None
+) -> list[StreamEntry]:
+    """XREADGROUP; `>` for new entries, `0` for this consumer's own pending ones."""
+    reply = await store.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
+    out: list[StreamEntry] = []
+    for stream, items in reply or []:
+        out.extend(_entries(stream, items))
+    return out
+
+
+async def autoclaim(
+    store: Store, stream: str, consumer: str, *, min_idle_ms: int, start: str, count: int
+) -> tuple[str, list[StreamEntry], list[str]]:
+    """XAUTOCLAIM one page: (next cursor, claimed entries, ids whose payload is gone)."""
+    reply = await store.xautoclaim(
+        stream, GROUP, consumer, min_idle_time=min_idle_ms, start_id=start, count=count
+    )
+    cursor, items = reply[0], reply[1]
+    deleted = [_text(i) for i in reply[2]] if len(reply) > 2 else []
+    return _text(cursor), _entries(stream, items), deleted
+
+
+async def delivery_counts(store: Store, stream: str, ids: Sequence[str]) -> dict[str, int]:
+    """How often each pending id was delivered (XPENDING range), for dead-lettering."""
+    if not ids:
+        return {}
+    rows = await store.xpending_range(stream, GROUP, min=min(ids), max=max(ids), count=len(ids) * 4)
+    wanted = set(ids)
+    counts = {}
+    for row in rows:
+        entry_id = _text(row.get("message_id", row.get(b"message_id")))
+        if entry_id in wanted:
+            counts[entry_id] = int(row.get("times_delivered", row.get(b"times_delivered", 1)))
+    return counts
+
+
+async def complete(
+    store: Store,
+    replies: Sequence[tuple[str, bytes]],
+    done: Sequence[tuple[str, str]],
+    *,
+    reply_maxlen: int,
+    reply_ttl_s: int,
+) -> None:
+    """Publish replies, then ack and delete the entries they answer, in one round trip.
+
+    Replies go first so a crash between the two re-runs the entry (at-least-once) rather
+    than acking an entry nobody answered.
+    """
+    pipe = pipeline(store)
+    for reply_to, payload in replies:
+        pipe.xadd(reply_to, {FIELD: payload}, maxlen=reply_maxlen)
+    for reply_to in {r for r, _ in replies}:
+        pipe.expire(reply_to, reply_ttl_s)  # a dead gateway's stream goes away on its own
+    for stream, entry_id in done:
+        pipe.xack(stream, GROUP, entry_id)
+        pipe.xdel(stream, entry_id)
+    await pipe.execute()
+
+
+async def read_replies(
+    store: Store, stream: str, last_id: str, *, count: int, block_ms: int
+) -> list[StreamEntry]:
+    reply = await store.xread({stream: last_id}, count=count, block=block_ms)
+    out: list[StreamEntry] = []
+    for name, items in reply or []:
+        out.extend(_entries(name, items))
+    return out
+
+
+async def trim_replies(store: Store, stream: str, *, maxlen: int, ttl_s: int) -> None:
+    """Bound a reply stream this gateway has read, and keep it alive while the gateway is."""
+    pipe = pipeline(store)
+    pipe.xtrim(stream, maxlen=maxlen)
+    pipe.expire(stream, ttl_s)
+    await pipe.execute()
+
+
+async def dead_letter(store: Store, stream: str, payload: bytes) -> None:
+    await store.xadd(stream, {FIELD: payload}, maxlen=DEAD_MAXLEN)
+
+
+async def register_model(
+    store: Store, keys: Keys, name: str, info: bytes, sha: str, tok: str
+) -> None:
+    pipe = pipeline(store)
+    pipe.set(keys.tokenizer(sha), tok)
+    pipe.hset(keys.models, name, info)
+    await pipe.execute()
+
+
+async def heartbeat(
+    store: Store, keys: Keys, model: str, consumer: str, now_ms: int, stale_ms: int
+) -> None:
+    """Record that this consumer's loop is alive, and forget peers silent for long."""
+    pipe = pipeline(store)
+    pipe.zadd(keys.workers(model), {consumer: now_ms})
+    pipe.zremrangebyscore(keys.workers(model), 0, now_ms - 60 * stale_ms)
+    await pipe.execute()
+
+
+async def leave(store: Store, keys: Keys, model: str, consumer: str) -> None:
+    await store.zrem(keys.workers(model), consumer)
+
+
+async def registered_models(store: Store, keys: Keys) -> dict[str, bytes]:
+    rows = await store.hgetall(keys.models)
+    return {_text(name): bytes(info) for name, info in (rows or {}).items()}
+
+
+async def live_workers(store: Store, keys: Keys, model: str, since_ms: int) -> list[str]:
+    rows = await store.zrangebyscore(keys.workers(model), since_ms, "+inf")
+    return [_text(r) for r in rows or []]
+
+
+async def load_tokenizer(store: Store, keys: Keys, sha: str) -> str | None:
+    raw = await store.get(keys.tokenizer(sha))
+    return None if raw is None else _text(raw)
+
+
+async def stream_lengths(store: Store, streams: Sequence[str]) -> list[int]:
+    """XLEN of each stream: entries are deleted on ack, so this is waiting + in progress."""
+    pipe = pipeline(store)
+    for stream in streams:
+        pipe.xlen(stream)
+    return [int(n) for n in await pipe.execute()]
+
+
+async def ping(store: Store) -> bool:
+    """True when the store answers; embedded stores always do."""
+    if hasattr(store, "ping"):
+        return bool(await store.ping())
+    await store.exists("ping")
+    return True

@@ -1,0 +1,67 @@
+"""Request-body limit enforced while the body streams in, chunked bodies included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from common.errors import InputTooLong
+
+ASGIApp = Any
+
+
+class BodyLimitMiddleware:
+    """413 before a byte past the limit is buffered: Content-Length first, then a running count."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._reject(send, int(value))
+                return
+        seen = 0
+        started = False
+
+        async def counting_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge(seen)
+            return message
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except _TooLarge as exc:
+            if not started:
+                await self._reject(send, exc.seen)
+
+    async def _reject(self, send: Any, size: int) -> None:
+        error = InputTooLong(
+            f"request body of {size}+ bytes exceeds the limit of {self.max_bytes} bytes"
+        )
+        body = orjson.dumps(error.body())
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    def __init__(self, seen: int) -> None:
+        self.seen = seen

@@ -1,0 +1,108 @@
+"""`ReplyRouter`: one reader per gateway process resolves the futures of waiting requests.
+
+Waiting is cancelled on the future, never on a Redis command: the reader task alone talks
+to the reply stream, so a cancelled request can never leave a reply unread on a connection.
+The first reply for an id wins; later ones (redelivery after a worker crash) are counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from redis.exceptions import RedisError
+
+from common import metrics, streams
+from common.protocol import EmbeddingResult, ErrorReply, ProtocolError, decode
+from common.store import Store
+
+log = logging.getLogger("microbatch.gateway")
+
+Reply = EmbeddingResult | ErrorReply
+TRIM_EVERY_S = 5.0
+
+
+class ReplyRouter:
+    def __init__(
+        self, store: Store, stream: str, *, block_ms: int, maxlen: int, ttl_s: int
+    ) -> None:
+        self.stream = stream
+        self._store = store
+        self._block_ms = block_ms
+        self._maxlen = maxlen
+        self._ttl_s = ttl_s
+        self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
+        self._last_id = "0-0"
+        self.healthy = False
+
+    def expect(self, entry_id: str) -> asyncio.Future[Reply]:
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._waiting[entry_id] = future
+        return future
+
+    def forget(self, entry_ids: list[str]) -> None:
+        for entry_id in entry_ids:
+            self._waiting.pop(entry_id, None)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.05
+        last_trim = 0.0
+        while not stop.is_set():
+            try:
+                read = await streams.read_replies(
+                    self._store, self.stream, self._last_id, count=1000, block_ms=self._block_ms
+                )
+                if time.monotonic() - last_trim > TRIM_EVERY_S:
+                    await streams.trim_replies(
+                        self._store, self.stream, maxlen=self._maxlen, ttl_s=self._ttl_s
+                    )
+                    last_trim = time.monotonic()
+                    self._forget_old_answers()
+                self.healthy, backoff = True, 0.05
+            except RedisError as exc:
+                self.healthy = False
+                log.warning("reply read failed (%s); retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            for item in read:
+                self._last_id = item.entry_id
+                self._resolve(item.payload)
+
+    def _resolve(self, payload: bytes | None) -> None:
+        try:
+            reply = decode(payload or b"")
+        except ProtocolError as exc:
+            log.error("dropping malformed reply: %s", exc)
+            return
+        if not isinstance(reply, EmbeddingResult | ErrorReply):
+            log.error("dropping unexpected %s on the reply stream", type(reply).__name__)
+            return
+        future = self._waiting.pop(reply.id, None)
+        if future is None:
+            if reply.id in self._answered:
+                metrics.duplicate_replies_total.inc()
+            return  # a duplicate, or its client is gone: nothing waits for it
+        self._answered[reply.id] = time.monotonic()
+        if not future.done():
+            future.set_result(reply)
+
+    def _forget_old_answers(self, horizon_s: float = 60.0) -> None:
+        cutoff = time.monotonic() - horizon_s
+        while self._answered:  # insertion order is time order: drop from the front
+            oldest, answered_at = next(iter(self._answered.items()))
+            if answered_at >= cutoff:
+                break
+            del self._answered[oldest]
+
+    def fail_all(self, exc: Exception) -> None:
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._waiting.clear()

@@ -1,0 +1,85 @@
+"""Text to token ids with the model's fast tokenizer; length limits are enforced here.
+
+Short texts are tokenized inline (a thread hop costs more than they do); long ones go to a
+small thread pool, where `tokenizers` releases the GIL, so a busy event loop never stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from common.errors import InputTooLong, InvalidRequest
+
+
+class ModelTokenizer:
+    def __init__(self, tokenizer_json: str, *, max_tokens: int, vocab_size: int) -> None:
+        self.max_tokens = max_tokens
+        self.vocab_size = vocab_size
+        self._plain = Tokenizer.from_str(tokenizer_json)
+        self._plain.no_padding()
+        self._plain.no_truncation()
+        self._truncating = Tokenizer.from_str(tokenizer_json)
+        self._truncating.no_padding()
+        self._truncating.enable_truncation(max_length=max_tokens)
+
+    def encode_texts(self, texts: Sequence[str], truncate: bool) -> list[np.ndarray]:
+        for i, text in enumerate(texts):
+            if not text:
+                raise InvalidRequest(f"input[{i}] is an empty string", param=f"input[{i}]")
+        tokenizer = self._truncating if truncate else self._plain
+        encoded = (
+            tokenizer.encode_batch_fast(list(texts))
+            if len(texts) > 1
+            else [tokenizer.encode(texts[0])]
+        )
+        out = [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
+        self._check_lengths(out)
+        return out
+
+    def check_token_lists(self, lists: Sequence[Sequence[int]], truncate: bool) -> list[np.ndarray]:
+        out = []
+        for i, ids in enumerate(lists):
+            if not ids:
+                raise InvalidRequest(f"input[{i}] is an empty token list", param=f"input[{i}]")
+            array = np.asarray(ids[: self.max_tokens] if truncate else ids, dtype=np.uint32)
+            if self.vocab_size and int(array.max()) >= self.vocab_size:
+                raise InvalidRequest(
+                    f"input[{i}]: token id {int(array.max())} is outside the vocabulary ({self.vocab_size})",
+                    param=f"input[{i}]",
+                )
+            out.append(array)
+        self._check_lengths(out)
+        return out
+
+    def _check_lengths(self, encoded: list[np.ndarray]) -> None:
+        for i, ids in enumerate(encoded):
+            if len(ids) > self.max_tokens:
+                raise InputTooLong(
+                    f"input[{i}] has {len(ids)} tokens; the limit for this model is "
+                    f"{self.max_tokens} (set truncate: true to cut it)",
+                    param=f"input[{i}]",
+                )
+
+
+class TokenizePool:
+    """Decides where tokenization runs: inline when cheap, else in the pool."""
+
+    def __init__(self, inline_chars: int, threads: int = 2) -> None:
+        self._inline_chars = inline_chars
+        self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
+
+    async def encode(
+        self, tokenizer: ModelTokenizer, texts: Sequence[str], truncate: bool
+    ) -> list[np.ndarray]:
+        if sum(len(t) for t in texts) <= self._inline_chars:
+            return tokenizer.encode_texts(texts, truncate)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, tokenizer.encode_texts, texts, truncate)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

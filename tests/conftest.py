@@ -1,0 +1,195 @@
+"""Shared fixtures: a real redis-server on a free port, real `microbatch` processes, the real model.
+
+Fixtures are factories that clean up what they made. A missing redis-server binary is a
+clear failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RedisServer:
+    port: int
+    dir: Path
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: .ci/run installs it with apt")
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return
+            time.sleep(0.05)
+        pytest.fail(f"redis-server did not start on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def flush(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        client.flushall()
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory() as tmp:
+        server = RedisServer(free_port(), Path(tmp))
+        server.start()
+        yield server
+        server.kill()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """A real Redis, empty at the start of the test."""
+    redis_server.flush()
+    return redis_server.url
+
+
+def process_env(**settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}
+    env.update({f"MICROBATCH_{k.upper()}": str(v) for k, v in settings.items()})
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    port: int | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+
+@dataclass
+class Processes:
+    """Starts `microbatch` roles as real subprocesses and stops them all at teardown."""
+
+    tmp: Path
+    started: list[Proc] = field(default_factory=list)
+
+    def start(self, role: str, *args: str, **settings: object) -> Proc:
+        port = None
+        if role in ("serve", "gateway"):
+            port = int(settings.setdefault("port", free_port()))
+        log = self.tmp / f"{role}-{len(self.started)}.log"
+        handle = log.open("wb")
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "common.cli", role, *args],
+            cwd=ROOT, env=process_env(**settings), stdout=handle, stderr=subprocess.STDOUT,
+        )
+        proc = Proc(role, popen, log, port)
+        self.started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            proc.signal(signal.SIGTERM)
+        for proc in self.started:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+def wait_ready(proc: Proc, timeout: float = 120.0, models: int = 1) -> None:
+    """Until /readyz says every model has a live worker (and at least `models` models)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()[-3000:]}")
+        with contextlib.suppress(httpx.HTTPError):
+            last = httpx.get(f"{proc.base_url}/readyz", timeout=2)
+            if last.status_code == 200 and len(last.json()["models"]) >= models:
+                return
+        time.sleep(0.2)
+    body = last.text if last is not None else "no answer"
+    pytest.fail(f"{proc.name} not ready after {timeout}s: {body}\n{proc.output()[-3000:]}")
+
+
+def wait_workers(proc: Proc, model: str, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, KeyError):
+            body = httpx.get(f"{proc.base_url}/readyz", timeout=2).json()
+            if body["models"][model]["live_workers"] >= count:
+                return
+        time.sleep(0.2)
+    pytest.fail(f"{count} workers for {model} never became live")
+
+
+@pytest.fixture(scope="session")
+def reference_model():
+    """sentence-transformers' own encoder for the default model, full 512 positions."""
+    from sentence_transformers import SentenceTransformer
+
+    from worker.models import default_model_path
+
+    model = SentenceTransformer(str(default_model_path()), device="cpu")
+    model.max_seq_length = 512
+    return model

@@ -1,0 +1,144 @@
+"""The batching policy's rules, one per test, plus invariants over random queues."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.buckets import bucket_for
+from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from worker.batching import Batch, Limits, Wait, Waiting, next_batch
+
+BUCKETS = [128, 256, 512]
+LIMITS = Limits(max_batch_size=4, max_batch_tokens=1024, max_wait_s=0.010)
+
+
+def waiting(key: int, n: int, at: float = 0.0, priority: int = PRIORITY_BATCH) -> Waiting:
+    return Waiting(key=key, n_tokens=n, arrived_s=at, priority=priority)
+
+
+@pytest.mark.parametrize(
+    ("n_tokens", "bucket"),
+    [(1, 128), (127, 128), (128, 128), (129, 256), (256, 256), (257, 512), (512, 512), (513, None)],
+)
+def test_bucket_is_the_smallest_that_holds_the_input(n_tokens: int, bucket: int | None) -> None:
+    assert bucket_for(n_tokens, BUCKETS) == bucket
+
+
+def test_empty_queues_wait_for_arrivals() -> None:
+    assert next_batch({128: [], 256: []}, 1.0, LIMITS) == Wait(None)
+
+
+def test_partial_batch_waits_until_oldest_entry_reaches_max_wait() -> None:
+    decision = next_batch({128: [waiting(1, 10, at=1.0), waiting(2, 10, at=1.004)]}, 1.005, LIMITS)
+    assert decision == Wait(pytest.approx(1.010))
+
+
+def test_wait_trigger_fires_at_max_wait_counted_from_the_oldest() -> None:
+    decision = next_batch({128: [waiting(1, 10, at=1.0), waiting(2, 10, at=1.009)]}, 1.010, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.trigger == "wait"
+    assert decision.keys == (1, 2)
+
+
+def test_size_trigger_fires_without_waiting() -> None:
+    queue = [waiting(i, 10, at=1.0) for i in range(6)]
+    decision = next_batch({128: queue}, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.trigger == "size"
+    assert decision.keys == (0, 1, 2, 3)
+
+
+def test_token_budget_stops_the_batch_and_fires_it() -> None:
+    # 3 x 300 padded = 900 fits in 1024, a fourth would make 1200.
+    queue = [waiting(i, 300, at=1.0) for i in range(4)]
+    decision = next_batch({512: queue}, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.trigger == "tokens"
+    assert decision.keys == (0, 1, 2)
+    assert decision.padded_tokens == 900
+
+
+def test_padding_is_to_the_longest_member_not_the_bucket_ceiling() -> None:
+    queue = [waiting(1, 130, at=0.0), waiting(2, 150, at=0.0)]
+    decision = next_batch({256: queue}, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.padded_tokens == 300
+    assert decision.real_tokens == 280
+
+
+def test_zero_max_wait_runs_whatever_is_queued_at_once() -> None:
+    limits = Limits(max_batch_size=16, max_batch_tokens=16384, max_wait_s=0.0)
+    decision = next_batch({128: [waiting(1, 5, at=2.0)]}, 2.0, limits)
+    assert isinstance(decision, Batch)
+    assert decision.keys == (1,)
+
+
+def test_interactive_entry_skips_the_wait_and_goes_first() -> None:
+    queue = [waiting(1, 10, at=1.0), waiting(2, 10, at=1.001, priority=PRIORITY_INTERACTIVE)]
+    decision = next_batch({128: queue}, 1.002, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.trigger == "priority"
+    assert decision.keys[0] == 2
+
+
+def test_interactive_bucket_is_chosen_before_an_older_ready_bucket() -> None:
+    queues = {
+        128: [waiting(1, 10, at=0.0)],
+        256: [waiting(2, 200, at=0.5, priority=PRIORITY_INTERACTIVE)],
+    }
+    decision = next_batch(queues, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.bucket == 256
+
+
+def test_among_ready_buckets_the_longest_waiting_goes_first() -> None:
+    queues = {128: [waiting(1, 10, at=0.5)], 256: [waiting(2, 200, at=0.2)]}
+    decision = next_batch(queues, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert decision.bucket == 256
+
+
+def test_a_lone_entry_longer_than_the_budget_still_runs() -> None:
+    limits = Limits(max_batch_size=4, max_batch_tokens=512, max_wait_s=0.0)
+    decision = next_batch({512: [waiting(1, 512, at=0.0), waiting(2, 512, at=0.0)]}, 0.0, limits)
+    assert isinstance(decision, Batch)
+    assert decision.keys == (1,)
+
+
+queues_strategy = st.dictionaries(
+    st.sampled_from(BUCKETS),
+    st.lists(
+        st.tuples(st.integers(1, 512), st.floats(0, 1), st.sampled_from([0, 1])), max_size=40
+    ),
+)
+
+
+@given(queues_strategy, st.floats(0, 2), st.integers(1, 32), st.integers(512, 20000))
+def test_any_batch_respects_the_limits_and_stays_in_one_bucket(raw, now, size, budget) -> None:
+    limits = Limits(max_batch_size=size, max_batch_tokens=budget, max_wait_s=0.01)
+    key = iter(range(10**6))
+    queues = {
+        b: [Waiting(next(key), min(n, b), at, p) for n, at, p in entries] for b, entries in raw.items()
+    }
+    by_key = {w.key: (b, w) for b, q in queues.items() for w in q}
+    decision = next_batch(queues, now, limits)
+    if isinstance(decision, Wait):
+        assert decision.until_s is None or decision.until_s > now - 1e-9
+        return
+    assert 1 <= len(decision.keys) <= size
+    assert len(set(decision.keys)) == len(decision.keys)
+    assert {by_key[k][0] for k in decision.keys} == {decision.bucket}
+    longest = max(by_key[k][1].n_tokens for k in decision.keys)
+    assert decision.padded_tokens == longest * len(decision.keys)
+    assert len(decision.keys) == 1 or decision.padded_tokens <= budget
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=30))
+def test_batch_traffic_is_served_fifo(arrivals) -> None:
+    queue = [Waiting(i, 10, at, PRIORITY_BATCH) for i, at in enumerate(arrivals)]
+    decision = next_batch({128: queue}, 5.0, LIMITS)
+    assert isinstance(decision, Batch)
+    expected = [w.key for w in sorted(queue, key=lambda w: w.arrived_s)][: LIMITS.max_batch_size]
+    assert list(decision.keys) == expected

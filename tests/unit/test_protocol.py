@@ -1,0 +1,125 @@
+"""Wire round trips and the strict decoder: garbage is a ProtocolError, never anything else."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.protocol import (
+    MAX_MESSAGE_BYTES,
+    DeadLetter,
+    EmbeddingResult,
+    ErrorReply,
+    ModelInfo,
+    ProtocolError,
+    RequestEntry,
+    decode,
+    encode,
+    pack_tokens,
+    pack_vector,
+)
+
+
+def entry(**over: object) -> RequestEntry:
+    fields = dict(
+        id="abc.0", model="m", kind="embed", tokens=pack_tokens([101, 7, 102]),
+        deadline_ms=2_000, priority=1, reply_to="mb:reply:g", enqueued_ms=1_000,
+    )
+    fields.update(over)
+    return RequestEntry(**fields)
+
+
+MESSAGES = [
+    entry(),
+    EmbeddingResult(
+        id="abc.0", embedding=pack_vector(np.arange(4, dtype=np.float32)), n_tokens=3,
+        batch_id="w:1", batch_size=2, bucket=128, queue_ms=1.5, compute_ms=3.25, worker="w",
+    ),
+    ErrorReply(id="abc.0", status=413, type="invalid_request_error", code="c", message="m", worker="w"),
+    DeadLetter(stream="s", entry_id="1-0", reason="r", deliveries=3, payload=b"\x00", worker="w"),
+    ModelInfo(name="m", kind="embedding", dim=384, max_tokens=512, vocab_size=30522, tokenizer_sha256="ab"),
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+def test_every_message_round_trips(message) -> None:
+    assert decode(encode(message)) == message
+
+
+def test_tokens_travel_as_packed_uint32() -> None:
+    decoded = decode(encode(entry(tokens=pack_tokens([0, 1, 2**32 - 1]))))
+    assert decoded.token_ids().tolist() == [0, 1, 2**32 - 1]
+    assert decoded.n_tokens == 3
+
+
+def test_vectors_travel_as_float32_bytes() -> None:
+    vector = np.array([0.5, -1.25, 3.0], dtype=np.float32)
+    message = dataclasses.replace(MESSAGES[1], embedding=pack_vector(vector))
+    assert decode(encode(message)).vector().tolist() == [0.5, -1.25, 3.0]
+
+
+def _fields(message) -> dict:
+    return {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+
+
+def raw(body: dict) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+GOOD = {"t": "req", **_fields(entry())}
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (b"\xc1\xc1\xc1", "not a msgpack"),
+        (b"", "not a msgpack"),
+        (pickle.dumps({"t": "req"}), "not a msgpack"),
+        (raw([1, 2, 3]), "not a msgpack"),  # arrays are refused outright
+        (raw("a string"), "not a map"),
+        (raw({**GOOD, "t": "nope"}), "unknown message tag"),
+        (raw({**GOOD, "v": 2}), "unsupported req version"),
+        ({k: v for k, v in GOOD.items() if k != "model"}, "missing fields"),
+        (raw({**GOOD, "extra": 1}), "unknown"),
+        (raw({**GOOD, "deadline_ms": "soon"}), "req.deadline_ms"),
+        (raw({**GOOD, "priority": True}), "req.priority"),
+        (raw({**GOOD, "tokens": b"\x00\x01\x02"}), "not a uint32 list"),
+        (raw({**GOOD, "tokens": b""}), "not a uint32 list"),
+        (raw({**GOOD, "model": {"nested": {"deep": 1}}}), "req.model"),
+    ],
+)
+def test_malformed_bytes_are_rejected_with_a_reason(payload, why: str) -> None:
+    data = raw(payload) if isinstance(payload, dict) else payload
+    with pytest.raises(ProtocolError, match=why):
+        decode(data)
+
+
+def test_deeply_nested_bomb_is_rejected() -> None:
+    bomb = b"\x81\xa1a" * 100_000 + b"\xc0"  # {"a": {"a": ... }} a hundred thousand deep
+    with pytest.raises(ProtocolError):
+        decode(bomb)
+
+
+def test_huge_declared_length_is_rejected_without_allocating() -> None:
+    lying = b"\xc6\xff\xff\xff\xf0" + b"x" * 10  # bin32 claiming ~4 GiB
+    with pytest.raises(ProtocolError):
+        decode(lying)
+
+
+def test_oversized_message_is_rejected_before_parsing() -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(b"\x00" * (MAX_MESSAGE_BYTES + 1))
+
+
+@given(st.binary(max_size=256))
+def test_random_bytes_never_raise_anything_but_protocol_error(data: bytes) -> None:
+    try:
+        decode(data)
+    except ProtocolError:
+        pass

@@ -1,0 +1,50 @@
+"""Settings come from MICROBATCH_* variables and options, validated once."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from common.settings import Settings
+
+
+def test_defaults_match_the_design() -> None:
+    s = Settings(_env_file=None)
+    assert (s.host, s.port, s.model) == ("127.0.0.1", 8000, "all-MiniLM-L6-v2")
+    assert s.buckets == [128, 256, 512]
+    assert (s.max_batch_size, s.max_batch_tokens, s.max_wait_ms) == (16, 16384, 10)
+    assert (s.request_timeout_ms, s.max_deliveries, s.api_keys) == (30000, 3, [])
+    assert s.redis_url is None and s.embedded
+
+
+def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MICROBATCH_BUCKETS", "64, 128,1024")
+    monkeypatch.setenv("MICROBATCH_API_KEYS", "k1,k2")
+    monkeypatch.setenv("MICROBATCH_MAX_BATCH_SIZE", "32")
+    s = Settings()
+    assert s.buckets == [64, 128, 1024]
+    assert s.api_keys == ["k1", "k2"]
+    assert s.max_batch_size == 32
+    assert s.max_tokens == 1024
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"buckets": "256,128"},
+        {"buckets": "0,128"},
+        {"max_batch_size": 0},
+        {"max_wait_ms": -1},
+        {"read_block_ms": 6000},  # would outlast the socket timeout
+        {"max_batch_tokens": 100},  # cannot hold one 512-token entry
+        {"no_such_setting": 1},
+    ],
+)
+def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        Settings(**bad)
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(ValidationError):
+        Settings().port = 1  # type: ignore[misc]

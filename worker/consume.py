@@ -1,0 +1,406 @@
+"""The worker's Redis loop: read → local bucket queues → policy → runner → publish → ack.
+
+Three asyncio tasks share one event loop and the local queues (only this loop touches them):
+the reader fills the queues with at most `max_batch_size` waiting entries, so idle peers get
+the rest of a burst; the scheduler asks `batching.next_batch` what to run and hands batches to
+the single compute thread; the reclaimer takes over entries left idle by dead peers. Nothing
+cancels a Redis command mid-flight: loops end by checking `stop` between commands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError, ResponseError
+
+from common import metrics, streams
+from common.buckets import bucket_for
+from common.protocol import (
+    DeadLetter,
+    EmbeddingResult,
+    ErrorReply,
+    RequestEntry,
+    encode,
+    pack_vector,
+)
+from common.settings import Settings
+from common.store import Store
+from worker import recovery
+from worker.batching import Batch, Limits, Waiting, next_batch
+from worker.runner import Runner
+
+log = logging.getLogger("microbatch.worker")
+
+
+@dataclass(slots=True)
+class Held:
+    """An entry this worker has read and not yet answered."""
+
+    entry: RequestEntry
+    stream: str
+    entry_id: str
+    arrived_s: float
+    bucket: int
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Consumer:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        runner: Runner,
+        limits: recovery.EntryLimits,
+        name: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._store = store
+        self._runner = runner
+        self._entry_limits = limits
+        self._batch_limits = Limits.from_settings(settings)
+        self.name = name
+        self._clock = clock
+        self._keys = streams.Keys(settings.prefix)
+        self._model = limits.model
+        self._streams = [self._keys.request(self._model, b) for b in settings.buckets]
+        self._queues: dict[int, dict[int, Held]] = {b: {} for b in settings.buckets}
+        self._seq = itertools.count()
+        self._batches = itertools.count()
+        self._changed = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._publishing: set[asyncio.Task] = set()
+        self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
+        self._last_beat_s = 0.0
+        self.batches_run = 0
+
+    @property
+    def held(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop`; then finish and ack everything held, and return."""
+        await self._until_ok(lambda: streams.ensure_groups(self._store, self._streams), stop)
+        await self._drain_own_pending()
+        reader = asyncio.create_task(self._read_loop(stop), name="reader")
+        reclaimer = asyncio.create_task(self._reclaim_loop(stop), name="reclaimer")
+        try:
+            await self._schedule_loop(stop, reader)
+        finally:
+            await asyncio.gather(reader, reclaimer, return_exceptions=True)
+            if self._publishing:
+                await asyncio.gather(*self._publishing, return_exceptions=True)
+            self._executor.shutdown(wait=True)
+            try:
+                await streams.leave(self._store, self._keys, self._model, self.name)
+            except RedisError:
+                log.warning("could not deregister %s; it ages out of the registry", self.name)
+
+    async def _until_ok(self, op: Callable, stop: asyncio.Event) -> None:
+        """Retry a start-up command with capped backoff until Redis answers."""
+        delay = 0.05
+        while not stop.is_set():
+            try:
+                await op()
+                return
+            except RedisError as exc:
+                log.warning("redis not ready (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def _read_loop(self, stop: asyncio.Event) -> None:
+        try:
+            await self._read_until(stop)
+        finally:
+            self._changed.set()  # wake the scheduler: reading is over, it may finish draining
+
+    async def _read_until(self, stop: asyncio.Event) -> None:
+        backoff = 0.05
+        block_ms = self._settings.read_block_ms
+        while not stop.is_set():
+            await self._beat_if_due()
+            room = self._settings.max_batch_size - self.held
+            if room <= 0:
+                await self._wait_changed(self._settings.heartbeat_interval_ms / 1000)
+                continue
+            try:
+                read = await streams.read_group(
+                    self._store,
+                    self.name,
+                    dict.fromkeys(self._streams, ">"),
+                    count=room,
+                    block_ms=block_ms,
+                )
+                backoff = 0.05
+            except ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("consumer group vanished (Redis lost data?); recreating")
+                await self._until_ok(
+                    lambda: streams.ensure_groups(self._store, self._streams), stop
+                )
+                continue
+            except RedisError as exc:
+                log.warning("read failed (%s); retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if read:
+                await self._accept(read, deliveries={})
+
+    async def _beat_if_due(self) -> None:
+        now = self._clock()
+        if now - self._last_beat_s < self._settings.heartbeat_interval_ms / 1000:
+            return
+        self._last_beat_s = now
+        try:
+            await streams.heartbeat(
+                self._store,
+                self._keys,
+                self._model,
+                self.name,
+                _wall_ms(),
+                self._settings.worker_stale_ms,
+            )
+        except RedisError as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    async def _wait_changed(self, timeout_s: float | None) -> None:
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+
+    async def _drain_own_pending(self) -> None:
+        """After a restart under the same name, our own pending entries come first."""
+        for stream in self._streams:
+            last = "0"
+            while True:
+                read = await streams.read_group(
+                    self._store, self.name, {stream: last}, count=100, block_ms=None
+                )
+                if not read:
+                    break
+                last = read[-1].entry_id
+                counts = await streams.delivery_counts(
+                    self._store, stream, [e.entry_id for e in read]
+                )
+                metrics.redeliveries_total.inc(len(read))
+                await self._accept(read, counts)
+
+    async def _reclaim_loop(self, stop: asyncio.Event) -> None:
+        """XAUTOCLAIM entries idle past `claim_idle_ms`: their worker died or lost them."""
+        period_s = max(0.5, self._settings.claim_idle_ms / 2000)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+                return
+            for stream in self._streams:
+                try:
+                    await self._reclaim(stream)
+                except RedisError as exc:
+                    log.warning("reclaim on %s failed: %s", stream, exc)
+
+    async def _reclaim(self, stream: str) -> None:
+        cursor = "0-0"
+        while True:
+            room = self._settings.max_batch_size - self.held
+            if room <= 0:
+                return
+            cursor, claimed, deleted = await streams.autoclaim(
+                self._store,
+                stream,
+                self.name,
+                min_idle_ms=self._settings.claim_idle_ms,
+                start=cursor,
+                count=room,
+            )
+            if deleted:
+                log.warning("%d pending entries on %s had lost their payload", len(deleted), stream)
+                metrics.dead_letters_total.inc(len(deleted))
+            if claimed:
+                counts = await streams.delivery_counts(
+                    self._store, stream, [e.entry_id for e in claimed]
+                )
+                metrics.redeliveries_total.inc(len(claimed))
+                await self._accept(claimed, counts)
+            if cursor == "0-0":
+                return
+
+    async def _accept(
+        self, read: Sequence[streams.StreamEntry], deliveries: dict[str, int]
+    ) -> None:
+        """Queue what may run; answer, dead-letter and ack what may not."""
+        now_ms = _wall_ms()
+        replies: list[tuple[str, bytes]] = []
+        done: list[tuple[str, str]] = []
+        for item in read:
+            count = deliveries.get(item.entry_id, 1)
+            decision = recovery.decide(item.payload, count, now_ms, self._entry_limits)
+            if isinstance(decision, recovery.Process):
+                entry = decision.entry
+                bucket = bucket_for(entry.n_tokens, self._settings.buckets)
+                if bucket is None:
+                    raise RuntimeError("decide() let an over-long entry through: this is a bug")
+                held = Held(entry, item.stream, item.entry_id, self._clock(), bucket)
+                self._queues[held.bucket][next(self._seq)] = held
+                continue
+            done.append((item.stream, item.entry_id))
+            if isinstance(decision, recovery.Reject):
+                replies.append(
+                    self._error(decision.entry, decision.status, decision.code, decision.message)
+                )
+            else:
+                await self._dead_letter(item, count, decision, replies)
+        if replies or done:
+            await self._publish(replies, done)
+        self._changed.set()
+
+    async def _dead_letter(
+        self, item: streams.StreamEntry, count: int, decision: recovery.DeadLetter, replies: list
+    ) -> None:
+        log.error("dead-lettering %s from %s: %s", item.entry_id, item.stream, decision.reason)
+        metrics.dead_letters_total.inc()
+        letter = DeadLetter(
+            stream=item.stream,
+            entry_id=item.entry_id,
+            reason=decision.reason,
+            deliveries=count,
+            payload=item.payload or b"",
+            worker=self.name,
+        )
+        await streams.dead_letter(self._store, self._keys.dead(self._model), encode(letter))
+        if decision.entry is not None:
+            replies.append(self._error(decision.entry, 500, "dead_lettered", decision.reason))
+
+    def _error(
+        self, entry: RequestEntry, status: int, code: str, message: str
+    ) -> tuple[str, bytes]:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        if status == 504:
+            kind = "timeout"
+        reply = ErrorReply(
+            id=entry.id, status=status, type=kind, code=code, message=message, worker=self.name
+        )
+        return entry.reply_to, encode(reply)
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[int, list[Waiting]]:
+        return {
+            bucket: [
+                Waiting(key, h.entry.n_tokens, h.arrived_s, h.entry.priority)
+                for key, h in q.items()
+            ]
+            for bucket, q in self._queues.items()
+        }
+
+    async def _schedule_loop(self, stop: asyncio.Event, reader: asyncio.Task) -> None:
+        drain = Limits(self._batch_limits.max_batch_size, self._batch_limits.max_batch_tokens, 0.0)
+        while True:
+            draining = stop.is_set()
+            limits = drain if draining else self._batch_limits
+            decision = next_batch(self._snapshot(), self._clock(), limits)
+            if isinstance(decision, Batch):
+                await self._run_batch(decision)
+                continue
+            if draining and reader.done() and not self.held:
+                return
+            timeout = (
+                None if decision.until_s is None else max(0.0, decision.until_s - self._clock())
+            )
+            if draining:
+                timeout = 0.05 if timeout is None else min(timeout, 0.05)
+            await self._wait_changed(timeout)
+
+    async def _run_batch(self, batch: Batch) -> None:
+        queue = self._queues[batch.bucket]
+        members = [queue.pop(key) for key in batch.keys]
+        self._changed.set()  # room for the reader
+        start_ms = _wall_ms()
+        t0 = time.perf_counter()
+        rows = [h.entry.token_ids() for h in members]
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self._executor, self._runner.embed, rows)
+        compute_s = time.perf_counter() - t0
+        self._observe(batch, members, compute_s, start_ms)
+        batch_id = f"{self.name}:{next(self._batches)}"
+        replies = []
+        for held, result in zip(members, results, strict=True):
+            if isinstance(result, Exception):
+                log.error("input %s failed: %r", held.entry.id, result)
+                replies.append(
+                    self._error(held.entry, 500, "inference_failed", f"model failed: {result}")
+                )
+                continue
+            reply = EmbeddingResult(
+                id=held.entry.id,
+                embedding=pack_vector(result),
+                n_tokens=held.entry.n_tokens,
+                batch_id=batch_id,
+                batch_size=len(members),
+                bucket=batch.bucket,
+                queue_ms=max(0.0, start_ms - held.entry.enqueued_ms),
+                compute_ms=compute_s * 1000,
+                worker=self.name,
+            )
+            replies.append((held.entry.reply_to, encode(reply)))
+        done = [(h.stream, h.entry_id) for h in members]
+        task = asyncio.create_task(self._publish(replies, done))
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
+        self.batches_run += 1
+
+    def _observe(self, batch: Batch, members: list[Held], compute_s: float, start_ms: int) -> None:
+        labels = (self._model, str(batch.bucket))
+        metrics.batch_size.labels(*labels).observe(len(members))
+        metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
+        metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
+        metrics.compute_seconds.labels(*labels).observe(compute_s)
+        for held in members:
+            metrics.queue_wait_seconds.labels(*labels).observe(
+                max(0, start_ms - held.entry.enqueued_ms) / 1000
+            )
+        log.debug(
+            "batch bucket=%d size=%d padded=%d real=%d trigger=%s compute_ms=%.1f",
+            batch.bucket,
+            len(members),
+            batch.padded_tokens,
+            batch.real_tokens,
+            batch.trigger,
+            compute_s * 1000,
+        )
+
+    async def _publish(self, replies: list[tuple[str, bytes]], done: list[tuple[str, str]]) -> None:
+        """Reply then ack; on failure leave the entries pending so they are redone, not lost."""
+        delay = 0.05
+        for _attempt in range(5):
+            try:
+                await streams.complete(
+                    self._store,
+                    replies,
+                    done,
+                    reply_maxlen=self._settings.reply_maxlen,
+                    reply_ttl_s=self._reply_ttl_s,
+                )
+                return
+            except RedisError as exc:
+                log.warning("publish failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+        log.error(
+            "gave up publishing %d replies; their entries stay pending for reclaim", len(done)
+        )

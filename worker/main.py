@@ -1,0 +1,82 @@
+"""`run_worker`: load the model, register it, consume until told to stop, drain, return."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from common import streams
+from common.protocol import ModelInfo, encode
+from common.settings import Settings
+from common.store import Store, close_store, open_store
+from worker.consume import Consumer
+from worker.models import NOOP_MODEL, ModelFiles, describe
+from worker.recovery import EntryLimits
+from worker.runner import NoopRunner, Runner, TorchRunner
+
+log = logging.getLogger("microbatch.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    files: ModelFiles
+    runner: Runner
+    max_tokens: int  # the model's limit capped by the largest bucket
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Blocking: reads files and weights. Call it off the event loop."""
+    files = describe(settings.model)
+    if settings.model == NOOP_MODEL:
+        runner: Runner = NoopRunner(settings.noop_dim, settings.noop_compute_ms)
+    else:
+        runner = TorchRunner(files, device=settings.device, threads=settings.torch_threads)
+    return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))
+
+
+async def register(store: Store, settings: Settings, model: LoadedModel) -> None:
+    info = ModelInfo(
+        name=settings.model,
+        kind="embedding",
+        dim=model.runner.dim,
+        max_tokens=model.max_tokens,
+        vocab_size=model.files.vocab_size,
+        tokenizer_sha256=model.files.tokenizer_sha256,
+    )
+    await streams.register_model(
+        store,
+        streams.Keys(settings.prefix),
+        settings.model,
+        encode(info),
+        model.files.tokenizer_sha256,
+        model.files.tokenizer_json,
+    )
+
+
+async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | None = None) -> None:
+    """Serve `settings.model` until `stop` is set; then finish what it holds and return."""
+    own_store = store is None
+    store = open_store(settings) if store is None else store
+    try:
+        model = await asyncio.to_thread(load_model, settings)
+        limits = EntryLimits(
+            model=settings.model,
+            max_tokens=model.max_tokens,
+            vocab_size=model.files.vocab_size,
+            max_deliveries=settings.max_deliveries,
+        )
+        consumer = Consumer(settings, store, model.runner, limits, settings.process_id("worker"))
+        while not stop.is_set():
+            try:
+                await register(store, settings, model)
+                break
+            except Exception as exc:  # Redis not up yet: keep trying until stopped
+                log.warning("registering %s failed (%s); retrying", settings.model, exc)
+                await asyncio.sleep(0.5)
+        log.info("worker %s serving %s", consumer.name, settings.model)
+        await consumer.run(stop)
+        log.info("worker %s drained after %d batches", consumer.name, consumer.batches_run)
+    finally:
+        if own_store:
+            await close_store(store)

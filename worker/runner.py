@@ -1,0 +1,110 @@
+"""Model runners: one result or one failure per row, in order; a failing batch is bisected.
+
+`TorchRunner` runs a Hugging Face encoder; `NoopRunner` answers zero vectors without compute,
+so the whole queue path can be exercised and measured without a model. Both are called from
+the worker's single compute thread, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from worker.models import ModelFiles, Pooling
+
+RowResult = np.ndarray | Exception
+
+
+class Runner(Protocol):
+    dim: int
+
+    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
+        """One float32 vector, or the exception that input caused, per row."""
+        ...
+
+
+def isolate_failures(
+    run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], rows: Sequence[np.ndarray]
+) -> list[RowResult]:
+    """Run the batch; if it raises, split it in halves until only the culprits fail."""
+    try:
+        out = run(rows)
+    except Exception as exc:
+        if len(rows) == 1:
+            return [exc]
+        mid = len(rows) // 2
+        return isolate_failures(run, rows[:mid]) + isolate_failures(run, rows[mid:])
+    if len(out) != len(rows):
+        raise RuntimeError(
+            f"runner returned {len(out)} results for {len(rows)} rows: this is a bug"
+        )
+    return list(out)
+
+
+class NoopRunner:
+    """Zero vectors of a fixed size: measures the queue path itself.
+
+    `compute_ms` simulates a model's time per batch (0 = none), so tests and benchmarks can
+    watch batching and scale-out without paying for a real model.
+    """
+
+    def __init__(self, dim: int, compute_ms: float = 0.0) -> None:
+        self.dim = dim
+        self._zero = np.zeros(dim, dtype=np.float32)
+        self._compute_s = compute_ms / 1000
+
+    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
+        if self._compute_s:
+            time.sleep(self._compute_s)
+        return [self._zero for _ in rows]
+
+
+class TorchRunner:
+    """A transformers encoder with the pooling its sentence-transformers config asks for."""
+
+    def __init__(
+        self, files: ModelFiles, *, device: str = "cpu", threads: int | None = None
+    ) -> None:
+        import torch
+        from transformers import AutoModel
+
+        if threads:
+            torch.set_num_threads(threads)
+        self._torch = torch
+        self._device = torch.device(device)
+        self._pooling = files.pooling
+        self._model = AutoModel.from_pretrained(files.path, dtype=torch.float32).to(self._device)
+        self._model.eval()
+        self._pad_id = int(getattr(self._model.config, "pad_token_id", None) or 0)
+        self.dim = int(self._model.config.hidden_size)
+
+    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
+        return isolate_failures(self._forward, rows)
+
+    def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        from worker.collate import collate
+
+        torch = self._torch
+        ids, mask = collate(rows, self._pad_id)
+        with torch.inference_mode():
+            ids, mask = ids.to(self._device), mask.to(self._device)
+            hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, D)
+            pooled = pool(hidden, mask, self._pooling)  # (B, D)
+        return list(pooled.float().cpu().numpy())
+
+
+def pool(hidden, mask, pooling: Pooling):  # (B, T, D), (B, T) -> (B, D)
+    """Pool over real tokens only; padding never reaches the vector."""
+    import torch
+
+    if pooling.mode == "cls":
+        out = hidden[:, 0]
+    elif pooling.mode == "max":
+        out = hidden.masked_fill(mask.unsqueeze(-1) == 0, torch.finfo(hidden.dtype).min).amax(1)
+    else:
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        out = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(out, p=2, dim=1) if pooling.normalize else out
