@@ -46,13 +46,28 @@ class RedisServer:
         if binary is None:
             pytest.fail("redis-server is not installed: .ci/run installs it with apt")
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 0.2),
+            ):
                 return
             time.sleep(0.05)
         pytest.fail(f"redis-server did not start on port {self.port}")
@@ -129,11 +144,14 @@ class Processes:
         if role in ("serve", "gateway"):
             port = int(settings.setdefault("port", free_port()))
         log = self.tmp / f"{role}-{len(self.started)}.log"
-        handle = log.open("wb")
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", role, *args],
-            cwd=ROOT, env=process_env(**settings), stdout=handle, stderr=subprocess.STDOUT,
-        )
+        with log.open("wb") as handle:  # the child keeps its own descriptor
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "common.cli", role, *args],
+                cwd=ROOT,
+                env=process_env(**settings),
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+            )
         proc = Proc(role, popen, log, port)
         self.started.append(proc)
         return proc
@@ -162,7 +180,9 @@ def wait_ready(proc: Proc, timeout: float = 120.0, models: int = 1) -> None:
     last = None
     while time.monotonic() < deadline:
         if proc.popen.poll() is not None:
-            pytest.fail(f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()[-3000:]}")
+            pytest.fail(
+                f"{proc.name} exited with {proc.popen.returncode}:\n{proc.output()[-3000:]}"
+            )
         with contextlib.suppress(httpx.HTTPError):
             last = httpx.get(f"{proc.base_url}/readyz", timeout=2)
             if last.status_code == 200 and len(last.json()["models"]) >= models:

@@ -109,9 +109,7 @@ def test_a_lone_entry_longer_than_the_budget_still_runs() -> None:
 
 queues_strategy = st.dictionaries(
     st.sampled_from(BUCKETS),
-    st.lists(
-        st.tuples(st.integers(1, 512), st.floats(0, 1), st.sampled_from([0, 1])), max_size=40
-    ),
+    st.lists(st.tuples(st.integers(1, 512), st.floats(0, 1), st.sampled_from([0, 1])), max_size=40),
 )
 
 
@@ -120,7 +118,8 @@ def test_any_batch_respects_the_limits_and_stays_in_one_bucket(raw, now, size, b
     limits = Limits(max_batch_size=size, max_batch_tokens=budget, max_wait_s=0.01)
     key = iter(range(10**6))
     queues = {
-        b: [Waiting(next(key), min(n, b), at, p) for n, at, p in entries] for b, entries in raw.items()
+        b: [Waiting(next(key), min(n, b), at, p) for n, at, p in entries]
+        for b, entries in raw.items()
     }
     by_key = {w.key: (b, w) for b, q in queues.items() for w in q}
     decision = next_batch(queues, now, limits)

@@ -28,8 +28,14 @@ from common.protocol import (
 
 def entry(**over: object) -> RequestEntry:
     fields = dict(
-        id="abc.0", model="m", kind="embed", tokens=pack_tokens([101, 7, 102]),
-        deadline_ms=2_000, priority=1, reply_to="mb:reply:g", enqueued_ms=1_000,
+        id="abc.0",
+        model="m",
+        kind="embed",
+        tokens=pack_tokens([101, 7, 102]),
+        deadline_ms=2_000,
+        priority=1,
+        reply_to="mb:reply:g",
+        enqueued_ms=1_000,
     )
     fields.update(over)
     return RequestEntry(**fields)
@@ -38,12 +44,23 @@ def entry(**over: object) -> RequestEntry:
 MESSAGES = [
     entry(),
     EmbeddingResult(
-        id="abc.0", embedding=pack_vector(np.arange(4, dtype=np.float32)), n_tokens=3,
-        batch_id="w:1", batch_size=2, bucket=128, queue_ms=1.5, compute_ms=3.25, worker="w",
+        id="abc.0",
+        embedding=pack_vector(np.arange(4, dtype=np.float32)),
+        n_tokens=3,
+        batch_id="w:1",
+        batch_size=2,
+        bucket=128,
+        queue_ms=1.5,
+        compute_ms=3.25,
+        worker="w",
     ),
-    ErrorReply(id="abc.0", status=413, type="invalid_request_error", code="c", message="m", worker="w"),
+    ErrorReply(
+        id="abc.0", status=413, type="invalid_request_error", code="c", message="m", worker="w"
+    ),
     DeadLetter(stream="s", entry_id="1-0", reason="r", deliveries=3, payload=b"\x00", worker="w"),
-    ModelInfo(name="m", kind="embedding", dim=384, max_tokens=512, vocab_size=30522, tokenizer_sha256="ab"),
+    ModelInfo(
+        name="m", kind="embedding", dim=384, max_tokens=512, vocab_size=30522, tokenizer_sha256="ab"
+    ),
 ]
 
 

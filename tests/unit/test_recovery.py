@@ -27,7 +27,9 @@ def test_garbage_bytes_are_dead_lettered() -> None:
 
 
 def test_a_message_that_is_not_a_request_is_dead_lettered() -> None:
-    info = ModelInfo(name="m", kind="embedding", dim=1, max_tokens=1, vocab_size=1, tokenizer_sha256="")
+    info = ModelInfo(
+        name="m", kind="embedding", dim=1, max_tokens=1, vocab_size=1, tokenizer_sha256=""
+    )
     assert isinstance(decide(encode(info), 1, NOW, LIMITS), DeadLetter)
 
 

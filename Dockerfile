@@ -1,0 +1,26 @@
+# microbatch image: one image for every role (serve, gateway, worker).
+#   docker build -t microbatch .                              CPU torch (default)
+#   docker build --build-arg TORCH_VARIANT=cu126 -t microbatch:cuda .   CUDA torch
+ARG PYTHON_IMAGE=python:3.11-slim
+FROM ${PYTHON_IMAGE}
+
+ARG TORCH_VARIANT=cpu
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    HF_HUB_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false
+
+WORKDIR /app
+# torch first, from its own index, so the CPU build is used unless a CUDA variant is asked for
+RUN pip install --index-url "https://download.pytorch.org/whl/${TORCH_VARIANT}" "torch==2.13.0"
+COPY pyproject.toml README.md ./
+COPY common ./common
+COPY gateway ./gateway
+COPY worker ./worker
+RUN pip install .
+
+RUN useradd --create-home --uid 10001 microbatch
+USER microbatch
+EXPOSE 8000
+ENTRYPOINT ["microbatch"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,0 +1,52 @@
+"""The CLI: every setting is an option, and the gateway role never imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from common.cli import app
+
+PROBE = """
+import sys
+from common.cli import app
+try:
+    app(["gateway", "--help"])
+except SystemExit:
+    pass
+print("torch" in sys.modules, "transformers" in sys.modules)
+"""
+
+
+def test_gateway_help_does_not_import_torch() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_every_documented_command_is_there() -> None:
+    result = CliRunner().invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("serve", "gateway", "worker"):
+        assert command in result.output
+
+
+def test_an_unknown_setting_is_refused_by_name() -> None:
+    result = CliRunner().invoke(app, ["worker", "--redis-url", "redis://x", "--no-such-thing", "1"])
+    assert result.exit_code != 0
+    assert "unknown setting --no-such-thing" in result.output
+
+
+def test_gateway_and_worker_refuse_to_run_without_redis() -> None:
+    result = CliRunner().invoke(app, ["gateway"])
+    assert result.exit_code != 0
+    assert "needs --redis-url" in result.output
+
+
+def test_an_invalid_setting_value_is_refused_at_start() -> None:
+    result = CliRunner().invoke(
+        app, ["worker", "--redis-url", "redis://x", "--max-batch-size", "0"]
+    )
+    assert result.exit_code != 0
+    assert "max_batch_size" in result.output

@@ -1,0 +1,95 @@
+"""docker-compose.yml and the Dockerfile, checked as far as a machine without Docker allows."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import yaml
+from typer.main import get_command
+
+from common.cli import app
+from common.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_runs_redis_with_an_append_only_file() -> None:
+    redis = compose()["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+    assert "redis-data" in compose()["volumes"]
+
+
+def test_compose_gateway_listens_on_8000_and_points_at_redis() -> None:
+    gateway = compose()["services"]["gateway"]
+    assert "8000:8000" in gateway["ports"]
+    assert gateway["command"][0] == "gateway" and "0.0.0.0" in gateway["command"]
+    assert gateway["environment"]["MICROBATCH_REDIS_URL"].startswith("redis://redis:")
+
+
+def test_compose_worker_can_be_scaled() -> None:
+    worker = compose()["services"]["worker"]
+    assert "container_name" not in worker and "ports" not in worker  # both would block --scale
+    assert worker["command"][0] == "worker"
+    assert worker["environment"]["MICROBATCH_REDIS_URL"].startswith("redis://redis:")
+    assert worker["stop_signal"] == "SIGTERM"
+
+
+def test_compose_commands_and_settings_exist() -> None:
+    for name, service in compose()["services"].items():
+        if name == "redis":
+            continue
+        assert service["command"][0] in COMMANDS
+        for variable in service.get("environment", {}):
+            field = variable.removeprefix("MICROBATCH_").lower()
+            assert field in Settings.model_fields, variable
+        for option in (a for a in service["command"] if a.startswith("--")):
+            assert option[2:].replace("-", "_") in Settings.model_fields, option
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, rest = line.partition(" ")
+            rows.append((instruction.upper(), rest.strip()))
+    return rows
+
+
+def test_dockerfile_copies_only_paths_that_exist() -> None:
+    for instruction, rest in dockerfile():
+        if instruction == "COPY":
+            *sources, _dest = shlex.split(rest)
+            for source in sources:
+                assert (ROOT / source).exists(), source
+
+
+def test_dockerfile_arguments_are_declared_before_use_and_torch_is_pinned() -> None:
+    declared: set[str] = set()
+    rows = dockerfile()
+    for instruction, rest in rows:
+        if instruction == "ARG":
+            declared.add(rest.split("=")[0])
+        for used in re.findall(r"\$\{(\w+)\}", rest):
+            assert used in declared, f"{used} used before ARG"
+    assert rows[0][0] in ("ARG", "FROM")
+    assert any("TORCH_VARIANT=cpu" in rest for i, rest in rows if i == "ARG")
+    assert any('"torch==2.13.0"' in rest for i, rest in rows if i == "RUN")
+
+
+def test_dockerfile_entrypoint_is_the_cli_and_the_default_command_serves() -> None:
+    rows = dict(dockerfile())
+    assert rows["ENTRYPOINT"] == '["microbatch"]'
+    command = yaml.safe_load(rows["CMD"])
+    assert command[0] in COMMANDS and command[0] == "serve"
+    assert rows["EXPOSE"] == "8000"
