@@ -49,7 +49,8 @@ class ModelTokenizer:
             array = np.asarray(ids[: self.max_tokens] if truncate else ids, dtype=np.uint32)
             if self.vocab_size and int(array.max()) >= self.vocab_size:
                 raise InvalidRequest(
-                    f"input[{i}]: token id {int(array.max())} is outside the vocabulary ({self.vocab_size})",
+                    f"input[{i}]: token id {int(array.max())} is outside the vocabulary "
+                    f"({self.vocab_size})",
                     param=f"input[{i}]",
                 )
             out.append(array)

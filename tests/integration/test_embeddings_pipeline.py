@@ -17,10 +17,31 @@ from tokenizers import Tokenizer
 from tests.conftest import Processes, RedisServer, wait_ready
 from worker.models import default_model_path
 
-WORDS = (
-    "batch queue token stream worker gateway model latency throughput padding mask vector "
-    "redis embedding request reply deadline bucket consumer group cluster scale tensor"
-).split()
+WORDS = [
+    "batch",
+    "queue",
+    "token",
+    "stream",
+    "worker",
+    "gateway",
+    "model",
+    "latency",
+    "throughput",
+    "padding",
+    "mask",
+    "vector",
+    "redis",
+    "embedding",
+    "request",
+    "reply",
+    "deadline",
+    "bucket",
+    "consumer",
+    "group",
+    "cluster",
+    "scale",
+    "tensor",
+]
 
 
 @functools.cache
