@@ -1,0 +1,253 @@
+"""Micro-batching against one-at-a-time, and the capacity of the gateway path itself.
+
+    .venv/bin/python benchmarks/batching.py            # both parts, ~3 minutes on 2 cores
+    .venv/bin/python benchmarks/batching.py --part model --duration 20
+
+Part `model`: `microbatch serve` (embedded store) with the default model, 32 closed-loop
+clients sending short texts (8-48 tokens), once with `max_batch_size 16` and once with 1,
+side by side in one run; requests/s, p50/p99 and their ratio.
+
+Part `path`: one redis-server, one gateway, one `noop` worker (no compute), loaded by wrk
+(a C client, so the load generator is not the bottleneck) at several connection counts;
+requests/s and p50/p99 as wrk measures them, plus the load generator's own CPU.
+
+Figures go to stdout and, as JSON, to `--out` (default `.bench/batching.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = "the queue batches short requests so the model sees fuller batches and fewer calls".split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def short_texts(n: int, seed: int = 0) -> list[str]:
+    """Texts of 8-48 tokens for the default tokenizer (one word is about one token)."""
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 46))) for _ in range(n)]
+
+
+@contextmanager
+def started(args: list[str], env: dict[str, str], log: Path):
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def env_with(**settings: object) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}
+    env.update({f"MICROBATCH_{k.upper()}": str(v) for k, v in settings.items()})
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", MICROBATCH_LOG_LEVEL="warning")
+    return env
+
+
+def wait_ready(url: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} never became ready")
+
+
+def microbatch(role: str) -> list[str]:
+    return [sys.executable, "-m", "common.cli", role]
+
+
+async def closed_loop(url: str, texts: list[str], clients: int, duration_s: float) -> dict:
+    """`clients` loops, each sending its next request when the last one is answered."""
+    latencies: list[float] = []
+    errors = 0
+    stop_at = time.perf_counter() + duration_s
+    sizes: list[int] = []
+
+    async def one_client(client: httpx.AsyncClient, offset: int) -> None:
+        nonlocal errors
+        i = offset
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            r = await client.post("/v1/embeddings", json={"input": texts[i % len(texts)]})
+            latencies.append(time.perf_counter() - t0)
+            if r.status_code != 200:
+                errors += 1
+            else:
+                sizes.append(int(r.headers["x-microbatch-batch-size"]))
+            i += clients
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(one_client(client, k) for k in range(clients)))
+        elapsed = time.perf_counter() - start
+    return summary(latencies, elapsed, errors, sizes)
+
+
+def summary(latencies: list[float], elapsed: float, errors: int, sizes: list[int]) -> dict:
+    ordered = sorted(latencies)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "requests_per_s": len(latencies) / elapsed,
+        "p50_ms": pick(0.50),
+        "p99_ms": pick(0.99),
+        "mean_batch_size": statistics.fmean(sizes) if sizes else 0.0,
+    }
+
+
+def part_model(duration_s: float, clients: int) -> dict:
+    texts = short_texts(2000)
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in (16, 1):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            env = env_with(port=port, max_batch_size=size)
+            with started(microbatch("serve"), env, Path(tmp) / f"serve-{size}.log"):
+                wait_ready(url)
+                asyncio.run(closed_loop(url, texts, clients, min(5.0, duration_s / 3)))  # warm-up
+                results[f"max_batch_size={size}"] = asyncio.run(
+                    closed_loop(url, texts, clients, duration_s)
+                )
+    batched, single = results["max_batch_size=16"], results["max_batch_size=1"]
+    results["throughput_ratio_16_vs_1"] = batched["requests_per_s"] / single["requests_per_s"]
+    return results
+
+
+WRK_SCRIPT = """
+wrk.method = "POST"
+wrk.body = '{"input": "a short sentence for the gateway path", "model": "noop"}'
+wrk.headers["Content-Type"] = "application/json"
+"""
+
+
+def parse_wrk(output: str) -> dict:
+    def ms(value: str) -> float:
+        number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
+        return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    pct = dict(re.findall(r"^\s+(50|99)\.000%\s+(\S+)", output, re.M))
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: (.*)", output)
+    return {
+        "requests_per_s": rps,
+        "p50_ms": ms(pct["50"]),
+        "p99_ms": ms(pct["99"]),
+        "non_2xx": int(non2xx.group(1)) if non2xx else 0,
+        "socket_errors": errors.group(1) if errors else "none",
+    }
+
+
+def part_path(duration_s: float, connections: list[int]) -> dict:
+    wrk = shutil.which("wrk")
+    redis_server = shutil.which("redis-server")
+    if wrk is None or redis_server is None:
+        raise SystemExit(
+            "part 'path' needs wrk and redis-server (apt-get install wrk redis-server)"
+        )
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        rport, gport = free_port(), free_port()
+        redis_url = f"redis://127.0.0.1:{rport}/0"
+        url = f"http://127.0.0.1:{gport}"
+        script = Path(tmp) / "post.lua"
+        script.write_text(WRK_SCRIPT)
+        redis_args = [redis_server, "--port", str(rport), "--save", "", "--appendonly", "no"]
+        common = {"redis_url": redis_url, "model": "noop", "max_queue_depth": 100_000}
+        with (
+            started(redis_args, dict(os.environ), Path(tmp) / "redis.log"),
+            started(microbatch("worker"), env_with(**common), Path(tmp) / "worker.log"),
+            started(microbatch("gateway"), env_with(port=gport, **common), Path(tmp) / "gw.log"),
+        ):
+            wait_ready(url)
+            subprocess.run(
+                [wrk, "-t1", "-c8", "-d3s", "-s", str(script), url + "/v1/embeddings"],
+                capture_output=True,
+                check=True,
+            )  # warm-up
+            for c in connections:
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                out = subprocess.run(
+                    [
+                        wrk,
+                        "-t2",
+                        f"-c{c}",
+                        f"-d{int(duration_s)}s",
+                        "--latency",
+                        "-s",
+                        str(script),
+                        url + "/v1/embeddings",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+                results[f"connections={c}"] = {
+                    **parse_wrk(out),
+                    "loadgen_cpu_share": cpu / duration_s,
+                }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--part", choices=["model", "path", "all"], default="all")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per measurement")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--connections", default="16,32,64", help="wrk connection counts")
+    parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "batching.json")
+    args = parser.parse_args()
+    report: dict = {"machine": {"cpus": os.cpu_count()}}
+    if args.part in ("model", "all"):
+        report["model"] = part_model(args.duration, args.clients)
+    if args.part in ("path", "all"):
+        conns = [int(c) for c in args.connections.split(",")]
+        report["path"] = part_path(args.duration, conns)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
