@@ -37,7 +37,22 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = "the queue batches short requests so the model sees fuller batches and fewer calls".split()
+WORDS = [
+    "the",
+    "queue",
+    "batches",
+    "short",
+    "requests",
+    "so",
+    "the",
+    "model",
+    "sees",
+    "fuller",
+    "batches",
+    "and",
+    "fewer",
+    "calls",
+]
 
 
 def free_port() -> int:
@@ -162,7 +177,7 @@ def parse_wrk(output: str) -> dict:
         number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
         return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
-    pct = dict(re.findall(r"^\s+(50|99)\.000%\s+(\S+)", output, re.M))
+    pct = dict(re.findall(r"^\s+(50|99)(?:\.0+)?%\s+(\S+)", output, re.M))
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     errors = re.search(r"Socket errors: (.*)", output)

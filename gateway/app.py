@@ -177,7 +177,8 @@ async def _submit(
     gw: Gateway, model: ModelEntry, token_lists: list[np.ndarray], timeout_ms: int, priority: int
 ) -> list[EmbeddingResult]:
     decision = admission.admit(
-        admission.QueueState(model.depth + gw.router.waiting, model.live_workers),
+        # XLEN is up to a refresh old; this gateway's own waiters are counted live.
+        admission.QueueState(max(model.depth, gw.router.waiting), model.live_workers),
         len(token_lists),
         gw.settings.max_queue_depth,
     )
