@@ -56,3 +56,23 @@ redeliveries_total = Counter(
 dead_letters_total = Counter(
     "microbatch_dead_letters_total", "Entries moved to a dead-letter stream"
 )
+
+# Queue (set from XLEN / XINFO GROUPS at each gateway catalog refresh, so they equal Redis)
+queue_depth = Gauge("microbatch_queue_depth", "Entries waiting or in progress", ["model", "bucket"])
+queue_lag = Gauge(
+    "microbatch_queue_lag",
+    "Entries not yet delivered to any worker (XINFO GROUPS lag)",
+    ["model", "bucket"],
+)
+queue_pending = Gauge(
+    "microbatch_queue_pending",
+    "Entries delivered to a worker and not yet acked",
+    ["model", "bucket"],
+)
+dead_letter_depth = Gauge(
+    "microbatch_dead_letter_depth", "Entries in the dead-letter stream", ["model"]
+)
+workers = Gauge("microbatch_workers", "Workers whose consume loop beat recently", ["model"])
+device_utilization = Gauge(
+    "microbatch_device_utilization", "Share of the device busy: GPU via NVML, else process CPU"
+)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -54,6 +55,7 @@ class Settings(BaseSettings):
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
     worker_stale_ms: int = Field(default=5000, gt=0)
     worker_id: str | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
     torch_threads: int | None = Field(default=None, gt=0)
     device: str = "cpu"
     noop_dim: int = Field(default=384, gt=0)
@@ -86,6 +88,17 @@ class Settings(BaseSettings):
     def max_tokens(self) -> int:
         """The longest input any worker accepts: the largest bucket."""
         return self.buckets[-1]
+
+    @property
+    def redis_url_redacted(self) -> str:
+        """The Redis URL with any password masked, for messages and logs."""
+        if self.redis_url is None:
+            return "embedded"
+        parts = urlsplit(self.redis_url)
+        if parts.password is None:
+            return self.redis_url
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
 
     @property
     def embedded(self) -> bool:

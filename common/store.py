@@ -52,3 +52,5 @@ def pipeline(store: Store) -> Any:
 
 async def close_store(store: Store) -> None:
     await store.aclose()
+    if isinstance(store, Redis):  # a client given a pool does not own it: close it too
+        await store.connection_pool.disconnect()

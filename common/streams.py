@@ -198,27 +198,41 @@ async def registered_models(store: Store, keys: Keys) -> dict[str, bytes]:
     return {_text(name): bytes(info) for name, info in (rows or {}).items()}
 
 
-async def live_workers(store: Store, keys: Keys, model: str, since_ms: int) -> list[str]:
-    rows = await store.zrangebyscore(keys.workers(model), since_ms, "+inf")
-    return [_text(r) for r in rows or []]
-
-
 async def load_tokenizer(store: Store, keys: Keys, sha: str) -> str | None:
     raw = await store.get(keys.tokenizer(sha))
     return None if raw is None else _text(raw)
 
 
-async def stream_lengths(store: Store, streams: Sequence[str]) -> list[int]:
-    """XLEN of each stream: entries are deleted on ack, so this is waiting + in progress."""
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    length: int  # XLEN: entries are deleted on ack, so waiting + in progress
+    pending: int  # delivered to a worker, not yet acked
+    lag: int | None  # not yet delivered; None when Redis cannot say (after trims, old servers)
+    oldest_ms: int | None  # id time of the oldest entry still in the stream
+
+
+async def group_info(store: Store, stream: str) -> GroupInfo:
+    """One stream's queue state as Redis reports it (XLEN, XINFO GROUPS, first entry)."""
     pipe = pipeline(store)
-    for stream in streams:
-        pipe.xlen(stream)
-    return [int(n) for n in await pipe.execute()]
+    pipe.xlen(stream)
+    pipe.xrange(stream, "-", "+", count=1)
+    length, first = await pipe.execute()
+    try:
+        groups = await store.xinfo_groups(stream)
+    except ResponseError:  # "no such key": nothing was ever queued here
+        groups = []
+    group = next((g for g in groups if _text(g["name"]) == GROUP), None)
+    pending = int(group["pending"]) if group else 0
+    lag = group.get("lag") if group else None
+    oldest = int(_text(first[0][0]).split("-")[0]) if first else None
+    return GroupInfo(int(length), pending, None if lag is None else int(lag), oldest)
 
 
-async def ping(store: Store) -> bool:
-    """True when the store answers; embedded stores always do."""
-    if hasattr(store, "ping"):
-        return bool(await store.ping())
-    await store.exists("ping")
-    return True
+async def worker_beats(store: Store, keys: Keys, model: str) -> list[tuple[str, int]]:
+    """Every consumer the registry remembers, with its last beat in epoch ms."""
+    rows = await store.zrange(keys.workers(model), 0, -1, withscores=True)
+    return [(_text(name), int(score)) for name, score in rows or []]
+
+
+async def stream_length(store: Store, stream: str) -> int:
+    return int(await store.xlen(stream))

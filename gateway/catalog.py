@@ -1,8 +1,8 @@
 """The models this gateway can serve, read from the registry workers keep in Redis.
 
 Refreshed in the background: registered models, their tokenizers (loaded once per hash),
-live workers from the heartbeats, and queue depth per bucket, so the request path reads
-plain attributes and issues no extra Redis command.
+live workers from the heartbeats, and queue state per bucket (which also sets the queue
+gauges), so the request path reads plain attributes and issues no extra Redis command.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from common import streams
 from common.protocol import ModelInfo, ProtocolError, decode
 from common.settings import Settings
+from common.status import export_gauges, model_status
 from common.store import Store
 from gateway.tokenize import ModelTokenizer
 
@@ -60,8 +61,8 @@ class Catalog:
 
     async def _refresh(self) -> None:
         registered = await streams.registered_models(self._store, self._keys)
-        since_ms = int(time.time() * 1000) - self._settings.worker_stale_ms
         models: dict[str, ModelEntry] = {}
+        statuses = []
         for name, raw in registered.items():
             try:
                 info = decode(raw)
@@ -73,14 +74,18 @@ class Catalog:
             tokenizer = await self._tokenizer(info)
             if tokenizer is None:
                 continue
-            entry = ModelEntry(info, tokenizer)
-            entry.live_workers = len(
-                await streams.live_workers(self._store, self._keys, name, since_ms)
+            state = await model_status(
+                self._store,
+                self._keys,
+                name,
+                info.kind,
+                self._settings.buckets,
+                self._settings.worker_stale_ms,
             )
-            bucket_streams = [self._keys.request(name, b) for b in self._settings.buckets]
-            entry.depth = sum(await streams.stream_lengths(self._store, bucket_streams))
-            models[name] = entry
+            statuses.append(state)
+            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth)
         self.models = models
+        export_gauges(statuses)
 
     async def _tokenizer(self, info: ModelInfo) -> ModelTokenizer | None:
         key = (info.tokenizer_sha256, info.max_tokens, info.vocab_size)

@@ -35,6 +35,7 @@ from common.store import Store
 from worker import recovery
 from worker.batching import Batch, Limits, Waiting, next_batch
 from worker.runner import Runner
+from worker.utilization import Utilization
 
 log = logging.getLogger("microbatch.worker")
 
@@ -82,6 +83,7 @@ class Consumer:
         self._publishing: set[asyncio.Task] = set()
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
         self._last_beat_s = 0.0
+        self._utilization = Utilization(settings.device)
         self.batches_run = 0
 
     @property
@@ -167,6 +169,7 @@ class Consumer:
         if now - self._last_beat_s < self._settings.heartbeat_interval_ms / 1000:
             return
         self._last_beat_s = now
+        metrics.device_utilization.set(self._utilization.sample())
         try:
             await streams.heartbeat(
                 self._store,

@@ -48,3 +48,10 @@ def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:
 def test_settings_are_frozen() -> None:
     with pytest.raises(ValidationError):
         Settings().port = 1  # type: ignore[misc]
+
+
+def test_the_redis_password_never_appears_in_the_printable_url() -> None:
+    s = Settings(redis_url="redis://app:s3cret@db.internal:6380/2")
+    assert "s3cret" not in s.redis_url_redacted
+    assert s.redis_url_redacted == "redis://app:***@db.internal:6380/2"
+    assert Settings(redis_url="redis://h:1/0").redis_url_redacted == "redis://h:1/0"

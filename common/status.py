@@ -1,0 +1,96 @@
+"""Queue state per model and bucket, as Redis reports it: for `microbatch status` and the gauges."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from common import metrics, streams
+from common.protocol import ModelInfo, ProtocolError, decode
+from common.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class BucketStatus:
+    bucket: int
+    depth: int  # waiting + in progress
+    lag: int  # waiting: XINFO GROUPS lag, or depth - pending when Redis reports none
+    lag_from_redis: bool
+    pending: int
+    oldest_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    name: str
+    last_beat_age_s: float
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    model: str
+    kind: str
+    buckets: list[BucketStatus]
+    dead_letters: int
+    workers: list[WorkerStatus]
+
+    @property
+    def live_workers(self) -> int:
+        return sum(w.live for w in self.workers)
+
+    @property
+    def depth(self) -> int:
+        return sum(b.depth for b in self.buckets)
+
+
+def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketStatus:
+    """Lag falls back to depth - pending: entries are deleted on ack, so XLEN is exact."""
+    lag = info.lag if info.lag is not None else max(0, info.length - info.pending)
+    age = None if info.oldest_ms is None else max(0.0, (now_ms - info.oldest_ms) / 1000)
+    return BucketStatus(bucket, info.length, lag, info.lag is not None, info.pending, age)
+
+
+async def model_status(
+    store: Store, keys: streams.Keys, name: str, kind: str, buckets: list[int], stale_ms: int
+) -> ModelStatus:
+    now_ms = int(time.time() * 1000)
+    rows = []
+    for bucket in buckets:
+        info = await streams.group_info(store, keys.request(name, bucket))
+        rows.append(bucket_status(bucket, info, now_ms))
+    beats = await streams.worker_beats(store, keys, name)
+    workers = [WorkerStatus(w, (now_ms - ms) / 1000, now_ms - ms <= stale_ms) for w, ms in beats]
+    dead = await streams.stream_length(store, keys.dead(name))
+    return ModelStatus(name, kind, rows, dead, workers)
+
+
+async def collect(
+    store: Store, prefix: str, buckets: list[int], stale_ms: int
+) -> list[ModelStatus]:
+    keys = streams.Keys(prefix)
+    out = []
+    for name, raw in sorted((await streams.registered_models(store, keys)).items()):
+        try:
+            info = decode(raw)
+        except ProtocolError:
+            continue
+        kind = info.kind if isinstance(info, ModelInfo) else "unknown"
+        out.append(await model_status(store, keys, name, kind, buckets, stale_ms))
+    return out
+
+
+def export_gauges(models: list[ModelStatus]) -> None:
+    """Set the queue gauges so they equal what Redis said at this refresh."""
+    for model in models:
+        metrics.workers.labels(model.model).set(model.live_workers)
+        metrics.dead_letter_depth.labels(model.model).set(model.dead_letters)
+        for b in model.buckets:
+            labels = (model.model, str(b.bucket))
+            metrics.queue_depth.labels(*labels).set(b.depth)
+            metrics.queue_lag.labels(*labels).set(b.lag)
+            metrics.queue_pending.labels(*labels).set(b.pending)
+
+
+def to_json(models: list[ModelStatus]) -> list[dict]:
+    return [{**asdict(m), "live_workers": m.live_workers, "depth": m.depth} for m in models]
