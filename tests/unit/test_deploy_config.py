@@ -44,8 +44,8 @@ def test_compose_worker_can_be_scaled() -> None:
 
 
 def test_compose_commands_and_settings_exist() -> None:
-    for name, service in compose()["services"].items():
-        if name == "redis":
+    for service in compose()["services"].values():
+        if service.get("image") != "microbatch:latest":
             continue
         assert service["command"][0] in COMMANDS
         for variable in service.get("environment", {}):
@@ -93,3 +93,41 @@ def test_dockerfile_entrypoint_is_the_cli_and_the_default_command_serves() -> No
     command = yaml.safe_load(rows["CMD"])
     assert command[0] in COMMANDS and command[0] == "serve"
     assert rows["EXPOSE"] == "8000"
+
+
+def test_the_dashboard_queries_only_metrics_the_code_exports() -> None:
+    import json
+
+    from prometheus_client import Counter
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from common import metrics
+
+    exported = set()
+    for value in vars(metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            name = value._name
+            exported |= {name + "_total"} if isinstance(value, Counter) else {name}
+            exported |= {f"{name}_{s}" for s in ("bucket", "sum", "count")}
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/microbatch.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"microbatch_\w+", target["expr"])
+    }
+    assert len(queried) >= 10
+    assert queried <= exported, queried - exported
+
+
+def test_compose_provisions_prometheus_and_grafana_from_checked_in_files() -> None:
+    services = compose()["services"]
+    for service in ("prometheus", "grafana"):
+        for volume in services[service]["volumes"]:
+            source = volume.split(":")[0]
+            assert (ROOT / source).exists(), source
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
+    worker_env = services["worker"]["environment"]
+    assert jobs["worker"]["dns_sd_configs"][0]["port"] == int(worker_env["MICROBATCH_METRICS_PORT"])
