@@ -1,0 +1,48 @@
+"""API keys and a Redis outage: clear 401/503 answers, fast, never a 500 or a hang."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.conftest import Processes, RedisServer, free_port, wait_ready
+
+
+def test_api_keys_are_required_when_configured(redis_url: str, processes: Processes) -> None:
+    settings = {"redis_url": redis_url, "model": "noop", "api_keys": "key-one,key-two"}
+    processes.start("worker", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    url = f"{gateway.base_url}/v1/embeddings"
+    missing = httpx.post(url, json={"input": "x"})
+    assert missing.status_code == 401
+    assert missing.headers["www-authenticate"] == "Bearer"
+    assert missing.json()["error"]["type"] == "authentication_error"
+    wrong = httpx.post(url, json={"input": "x"}, headers={"Authorization": "Bearer key-three"})
+    assert wrong.status_code == 401
+    assert "key-three" not in wrong.text and "key-one" not in wrong.text
+    for key in ("key-one", "key-two"):
+        ok = httpx.post(url, json={"input": "x"}, headers={"Authorization": f"Bearer {key}"})
+        assert ok.status_code == 200
+    assert "key-one" not in gateway.output() and "key-three" not in gateway.output()
+
+
+def test_redis_down_gets_a_fast_503_with_retry_after(processes: Processes, tmp_path) -> None:
+    redis = RedisServer(free_port(), tmp_path)
+    redis.start()
+    settings = {"redis_url": redis.url, "model": "noop"}
+    processes.start("worker", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    redis.kill()
+    time.sleep(1.5)  # the catalog notices on its next refresh
+    started = time.monotonic()
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    elapsed = time.monotonic() - started
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    assert r.json()["error"]["type"] == "service_unavailable"
+    assert elapsed < 5, f"503 took {elapsed:.1f}s"
+    ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
+    assert ready.status_code == 503 and ready.json()["redis"] is False
