@@ -81,6 +81,8 @@ class Consumer:
         self._changed = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
         self._publishing: set[asyncio.Task] = set()
+        # (stream, entry id) held or computing here, until published; ids repeat across streams
+        self._owned: set[tuple[str, str]] = set()
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
         self._last_beat_s = 0.0
         self._utilization = Utilization(settings.device)
@@ -234,6 +236,8 @@ class Consumer:
             if deleted:
                 log.warning("%d pending entries on %s had lost their payload", len(deleted), stream)
                 metrics.dead_letters_total.inc(len(deleted))
+            # Claiming our own in-flight entries just renews their lease; only others' count.
+            claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._owned]
             if claimed:
                 counts = await streams.delivery_counts(
                     self._store, stream, [e.entry_id for e in claimed]
@@ -251,6 +255,8 @@ class Consumer:
         replies: list[tuple[str, bytes]] = []
         done: list[tuple[str, str]] = []
         for item in read:
+            if (item.stream, item.entry_id) in self._owned:
+                continue  # our own entry, idle only because it waits here: already held
             count = deliveries.get(item.entry_id, 1)
             decision = recovery.decide(item.payload, count, now_ms, self._entry_limits)
             if isinstance(decision, recovery.Process):
@@ -260,6 +266,7 @@ class Consumer:
                     raise RuntimeError("decide() let an over-long entry through: this is a bug")
                 held = Held(entry, item.stream, item.entry_id, self._clock(), bucket)
                 self._queues[held.bucket][next(self._seq)] = held
+                self._owned.add((item.stream, item.entry_id))
                 continue
             done.append((item.stream, item.entry_id))
             if isinstance(decision, recovery.Reject):
@@ -389,6 +396,14 @@ class Consumer:
 
     async def _publish(self, replies: list[tuple[str, bytes]], done: list[tuple[str, str]]) -> None:
         """Reply then ack; on failure leave the entries pending so they are redone, not lost."""
+        try:
+            await self._publish_with_retries(replies, done)
+        finally:
+            self._owned.difference_update(done)
+
+    async def _publish_with_retries(
+        self, replies: list[tuple[str, bytes]], done: list[tuple[str, str]]
+    ) -> None:
         delay = 0.05
         for _attempt in range(5):
             try:

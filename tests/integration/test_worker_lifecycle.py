@@ -114,3 +114,26 @@ def test_a_restarted_worker_first_serves_its_own_pending_entries(
     assert [r.status_code for r in responses] == [200] * 3
     assert client.xpending("mb:{noop}:req:128", "workers")["pending"] == 0
     client.close()
+
+
+def test_a_batch_slower_than_claim_idle_is_not_run_twice_by_its_own_worker(
+    processes: Processes,
+) -> None:
+    # Compute (1.5 s) outlasts claim_idle_ms (300 ms): the reclaimer sees the batch's entries
+    # idle, but they are this worker's own, in flight, and must not be queued again.
+    serve = processes.start(
+        "serve",
+        model="noop",
+        noop_compute_ms=1500,
+        claim_idle_ms=300,
+        max_batch_size=4,
+        max_wait_ms=500,
+    )
+    wait_ready(serve)
+    responses = asyncio.run(fire(serve.base_url, 4))
+    assert [r.status_code for r in responses] == [200] * 4
+    time.sleep(1.0)  # room for a wrong second run to show up
+    text = httpx.get(f"{serve.base_url}/metrics").text
+    assert 'microbatch_batch_size_count{bucket="128",model="noop"} 1.0' in text
+    assert "microbatch_duplicate_replies_total 0.0" in text
+    assert "microbatch_redeliveries_total 0.0" in text
