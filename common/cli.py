@@ -35,7 +35,7 @@ Port = Annotated[int | None, typer.Option(help="Gateway port")]
 Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
 
 
-def _settings(ctx: typer.Context, **named: Any) -> Settings:
+def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
     """Named options, then `--<setting> VALUE` extras, over MICROBATCH_* environment values."""
     values = {k: v for k, v in named.items() if v is not None}
     args = list(ctx.args)
@@ -104,7 +104,7 @@ def serve(
     model: Model = None,
 ) -> None:
     """Gateway and one worker in one process; embedded store unless --redis-url."""
-    settings = _settings(ctx, redis_url=redis_url, host=host, port=port, model=model)
+    settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port, model=model)
     setup_logging(settings.log_level)
 
     async def main() -> None:
@@ -132,7 +132,7 @@ def gateway(
     ctx: typer.Context, redis_url: RedisUrl = None, host: Host = None, port: Port = None
 ) -> None:
     """The HTTP gateway only (needs --redis-url)."""
-    settings = _settings(ctx, redis_url=redis_url, host=host, port=port)
+    settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port)
     if settings.embedded:
         raise typer.BadParameter("gateway needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level)
@@ -155,7 +155,7 @@ def gateway(
 @app.command(context_settings=EXTRA)
 def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) -> None:
     """One worker for --model (needs --redis-url). SIGTERM drains and exits 0."""
-    settings = _settings(ctx, redis_url=redis_url, model=model)
+    settings = settings_from_context(ctx, redis_url=redis_url, model=model)
     if settings.embedded:
         raise typer.BadParameter("worker needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level)
@@ -175,83 +175,9 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     _run(main())
 
 
-def _status_table(models: list) -> Any:
-    from rich.table import Table
+from common.cli_tools import register  # noqa: E402  (the operator commands)
 
-    table = Table(title="microbatch queues", show_lines=False)
-    for column in ("model", "bucket", "depth", "lag", "pending", "oldest", "dead", "workers"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for m in models:
-        workers = (
-            ", ".join(
-                f"{w.name} ({w.last_beat_age_s:.1f}s ago)" + ("" if w.live else " stale")
-                for w in m.workers
-            )
-            or "none"
-        )
-        for i, b in enumerate(m.buckets):
-            oldest = "-" if b.oldest_age_s is None else f"{b.oldest_age_s:.1f}s"
-            lag = str(b.lag) + ("" if b.lag_from_redis else "*")
-            table.add_row(
-                m.model if i == 0 else "",
-                str(b.bucket),
-                str(b.depth),
-                lag,
-                str(b.pending),
-                oldest,
-                str(m.dead_letters) if i == 0 else "",
-                workers if i == 0 else "",
-            )
-    table.caption = "depth = waiting + in progress; * lag derived as depth - pending"
-    return table
-
-
-@app.command(context_settings=EXTRA)
-def status(
-    ctx: typer.Context,
-    redis_url: RedisUrl = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts")] = False,
-    watch: Annotated[float, typer.Option(help="Refresh every N seconds (0 = once)")] = 0.0,
-) -> None:
-    """Queue depth, lag, pending, oldest age and dead letters per model and bucket; workers."""
-    settings = _settings(ctx, redis_url=redis_url)
-    if settings.embedded:
-        raise typer.BadParameter("status needs --redis-url (or MICROBATCH_REDIS_URL)")
-
-    async def snapshot() -> list:
-        from common.status import collect
-        from common.store import close_store, open_store
-
-        store = open_store(settings)
-        try:
-            return await collect(store, settings.prefix, settings.buckets, settings.worker_stale_ms)
-        finally:
-            await close_store(store)
-
-    import json
-    import time
-
-    from redis.exceptions import RedisError
-    from rich.console import Console
-
-    from common.status import to_json
-
-    console = Console()
-    while True:
-        try:
-            models = asyncio.run(snapshot())
-        except RedisError as exc:
-            console.print(f"[red]cannot read Redis at {settings.redis_url_redacted}: {exc}[/red]")
-            raise typer.Exit(1) from None
-        if as_json:
-            print(json.dumps(to_json(models)))
-        else:
-            if watch:
-                console.clear()
-            console.print(_status_table(models))
-        if not watch:
-            return
-        time.sleep(watch)
+register(app)
 
 
 if __name__ == "__main__":

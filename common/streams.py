@@ -4,6 +4,7 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{model}:req:<bucket>    request entries, consumer group `workers`
     mb:{model}:dead            dead letters
     mb:{model}:workers         sorted set: consumer name -> last consume-loop beat (ms)
+    mb:{model}:batching        hash: live batching overrides workers apply within a beat
     mb:reply:<gateway id>      replies for one gateway process
     mb:models                  hash: model name -> ModelInfo
     mb:tokenizer:<sha256>      a registered tokenizer's JSON
@@ -44,6 +45,9 @@ class Keys:
     @property
     def models(self) -> str:
         return f"{self.prefix}:models"
+
+    def batching(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:batching"
 
     def tokenizer(self, sha256: str) -> str:
         return f"{self.prefix}:tokenizer:{sha256}"
@@ -236,3 +240,17 @@ async def worker_beats(store: Store, keys: Keys, model: str) -> list[tuple[str, 
 
 async def stream_length(store: Store, stream: str) -> int:
     return int(await store.xlen(stream))
+
+
+async def live_batching(store: Store, keys: Keys, model: str) -> dict[str, str]:
+    rows = await store.hgetall(keys.batching(model))
+    return {_text(k): _text(v) for k, v in (rows or {}).items()}
+
+
+async def set_live_batching(store: Store, keys: Keys, model: str, values: dict[str, str]) -> None:
+    """Replace the live overrides; an empty mapping returns workers to their own settings."""
+    pipe = pipeline(store)
+    pipe.delete(keys.batching(model))
+    if values:
+        pipe.hset(keys.batching(model), mapping=values)
+    await pipe.execute()

@@ -36,6 +36,27 @@ class Limits:
     def from_settings(cls, settings: Settings) -> Limits:
         return cls(settings.max_batch_size, settings.max_batch_tokens, settings.max_wait_ms / 1000)
 
+    def with_overrides(self, overrides: Mapping[str, str], min_tokens: int) -> Limits:
+        """These limits with live overrides (`max_batch_size`, `max_batch_tokens`,
+        `max_wait_ms` as strings, as an operator or `tune` wrote them). Raises ValueError
+        naming the first bad value; unknown names are errors too, so typos do not pass."""
+        size, tokens, wait_s = self.max_batch_size, self.max_batch_tokens, self.max_wait_s
+        for name, raw in overrides.items():
+            if name == "max_batch_size":
+                size = int(raw)
+            elif name == "max_batch_tokens":
+                tokens = int(raw)
+            elif name == "max_wait_ms":
+                wait_s = float(raw) / 1000
+            else:
+                raise ValueError(f"unknown live batching setting {name!r}")
+        if size < 1 or tokens < min_tokens or not wait_s >= 0:
+            raise ValueError(
+                f"live batching settings out of range: max_batch_size {size}, "
+                f"max_batch_tokens {tokens} (at least {min_tokens}), max_wait_ms {wait_s * 1000}"
+            )
+        return Limits(size, tokens, wait_s)
+
 
 @dataclass(frozen=True, slots=True)
 class Batch:

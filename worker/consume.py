@@ -137,7 +137,7 @@ class Consumer:
         block_ms = self._settings.read_block_ms
         while not stop.is_set():
             await self._beat_if_due()
-            room = self._settings.max_batch_size - self.held
+            room = self._batch_limits.max_batch_size - self.held
             if room <= 0:
                 await self._wait_changed(self._settings.heartbeat_interval_ms / 1000)
                 continue
@@ -172,6 +172,7 @@ class Consumer:
             return
         self._last_beat_s = now
         metrics.device_utilization.set(self._utilization.sample())
+        await self._apply_live_settings()
         try:
             await streams.heartbeat(
                 self._store,
@@ -183,6 +184,24 @@ class Consumer:
             )
         except RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
+
+    async def _apply_live_settings(self) -> None:
+        """Batching limits an operator (or `microbatch tune`) set in Redis, over the settings."""
+        try:
+            overrides = await streams.live_batching(self._store, self._keys, self._model)
+        except RedisError as exc:
+            log.warning("reading live batching settings failed: %s", exc)
+            return
+        base = Limits.from_settings(self._settings)
+        try:
+            limits = base.with_overrides(overrides, self._settings.max_tokens)
+        except ValueError as exc:
+            log.error("ignoring live batching settings: %s", exc)
+            limits = base
+        if limits != self._batch_limits:
+            log.info("batching limits now %s", limits)
+            self._batch_limits = limits
+            self._changed.set()
 
     async def _wait_changed(self, timeout_s: float | None) -> None:
         self._changed.clear()
@@ -222,7 +241,7 @@ class Consumer:
     async def _reclaim(self, stream: str) -> None:
         cursor = "0-0"
         while True:
-            room = self._settings.max_batch_size - self.held
+            room = self._batch_limits.max_batch_size - self.held
             if room <= 0:
                 return
             cursor, claimed, deleted = await streams.autoclaim(

@@ -116,3 +116,101 @@ def test_a_worker_serves_its_own_metrics_port(redis_url: str, processes: Process
     assert sample(text, "microbatch_batch_size_count", model="noop", bucket="128") == 1
     utilization = sample(text, "microbatch_device_utilization")
     assert 0.0 <= utilization <= 1.0
+
+
+def test_bench_against_a_live_gateway_writes_json_results_and_a_png(
+    processes: Processes, tmp_path
+) -> None:
+    serve = processes.start("serve", model="noop", noop_compute_ms=2)
+    wait_ready(serve)
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "--url",
+            serve.base_url,
+            "--model",
+            "noop",
+            "--duration",
+            "2",
+            "--clients",
+            "4",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    for field in (
+        "requests_per_s",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "errors_by_status",
+        "mean_batch_size",
+        "padding_ratio",
+    ):
+        assert field in report, field
+    assert report["ok"] == report["requests"] > 0 and report["errors_by_status"] == {}
+    assert 0 <= report["padding_ratio"] < 1  # serve mode: batch metrics are on the gateway
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_live_batching_change_alters_the_batches_that_follow(
+    redis_url: str, processes: Processes, tmp_path
+) -> None:
+    common = {"redis_url": redis_url, "model": "noop", "max_batch_size": 8, "max_wait_ms": 400}
+    processes.start("worker", **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+
+    async def sizes_of_eight() -> set[int]:
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
+            rs = await asyncio.gather(
+                *(
+                    client.post("/v1/embeddings", json={"input": f"t {i}", "model": "noop"})
+                    for i in range(8)
+                )
+            )
+        assert [r.status_code for r in rs] == [200] * 8
+        return {int(r.headers["x-microbatch-batch-size"]) for r in rs}
+
+    def tune(*args: str) -> None:
+        result = CliRunner().invoke(
+            app, ["tune", "--redis-url", redis_url, "--model", "noop", *args]
+        )
+        assert result.exit_code == 0, result.output
+
+    assert asyncio.run(sizes_of_eight()) == {8}
+    tune("--set", "max_batch_size=2")
+    time.sleep(2.5)  # workers apply live settings on their next heartbeat
+    assert max(asyncio.run(sizes_of_eight())) <= 2
+    tune("--set", "clear")
+    time.sleep(2.5)
+    assert asyncio.run(sizes_of_eight()) == {8}
+
+    report = tmp_path / "tune.json"
+    tune(
+        "--url",
+        gateway.base_url,
+        "--waits",
+        "0",
+        "--sizes",
+        "1,4",
+        "--rate",
+        "40",
+        "--duration",
+        "1.5",
+        "--p99-target-ms",
+        "5000",
+        "--json",
+        str(report),
+    )
+    rows = json.loads(report.read_text())["rows"]
+    assert [(r["max_wait_ms"], r["max_batch_size"]) for r in rows] == [(0, 1), (0, 4)]
+    assert rows[0]["mean_batch_size"] == 1
+    assert json.loads(report.read_text())["best"] is not None

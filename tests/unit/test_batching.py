@@ -141,3 +141,23 @@ def test_batch_traffic_is_served_fifo(arrivals) -> None:
     assert isinstance(decision, Batch)
     expected = [w.key for w in sorted(queue, key=lambda w: w.arrived_s)][: LIMITS.max_batch_size]
     assert list(decision.keys) == expected
+
+
+def test_live_overrides_replace_only_what_they_name() -> None:
+    limits = LIMITS.with_overrides({"max_batch_size": "8", "max_wait_ms": "2.5"}, min_tokens=512)
+    assert limits == Limits(max_batch_size=8, max_batch_tokens=1024, max_wait_s=0.0025)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_batch_size": "0"},
+        {"max_batch_size": "x"},
+        {"max_wait_ms": "-1"},
+        {"max_batch_tokens": "100"},
+        {"max_batchsize": "4"},
+    ],
+)
+def test_bad_live_overrides_are_refused_by_name(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        LIMITS.with_overrides(bad, min_tokens=512)

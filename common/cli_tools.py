@@ -1,0 +1,398 @@
+"""Operator commands: `status`, `bench` and `tune` — they watch and load a running system.
+
+Kept apart from the role commands in `cli.py`; `register` adds them to the one typer app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL")]
+Url = Annotated[str, typer.Option(help="Gateway base URL")]
+Workload = Annotated[str, typer.Option(help="short | mixed | long | a file with one text per line")]
+
+
+def status_table(models: list) -> Any:
+    from rich.table import Table
+
+    table = Table(title="microbatch queues")
+    for column in ("model", "bucket", "depth", "lag", "pending", "oldest", "dead", "workers"):
+        table.add_column(column, justify="left" if column == "model" else "right")
+    for m in models:
+        workers = (
+            ", ".join(
+                f"{w.name} ({w.last_beat_age_s:.1f}s ago)" + ("" if w.live else " stale")
+                for w in m.workers
+            )
+            or "none"
+        )
+        for i, b in enumerate(m.buckets):
+            oldest = "-" if b.oldest_age_s is None else f"{b.oldest_age_s:.1f}s"
+            lag = str(b.lag) + ("" if b.lag_from_redis else "*")
+            first = i == 0
+            table.add_row(
+                m.model if first else "",
+                str(b.bucket),
+                str(b.depth),
+                lag,
+                str(b.pending),
+                oldest,
+                str(m.dead_letters) if first else "",
+                workers if first else "",
+            )
+    table.caption = "depth = waiting + in progress; * lag derived as depth - pending"
+    return table
+
+
+def summary_table(title: str, summary: dict) -> Any:
+    from rich.table import Table
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    table = Table(title=title)
+    for column in (
+        "requests",
+        "req/s",
+        "p50 ms",
+        "p90 ms",
+        "p99 ms",
+        "max ms",
+        "errors",
+        "mean batch",
+        "padding",
+    ):
+        table.add_column(column, justify="right")
+    errors = ", ".join(f"{k}: {v}" for k, v in summary["errors_by_status"].items()) or "none"
+    padding = summary.get("padding_ratio")
+    table.add_row(
+        str(summary["requests"]),
+        f"{summary['requests_per_s']:.1f}",
+        ms(summary["p50_ms"]),
+        ms(summary["p90_ms"]),
+        ms(summary["p99_ms"]),
+        ms(summary["max_ms"]),
+        errors,
+        "-" if summary["mean_batch_size"] is None else f"{summary['mean_batch_size']:.2f}",
+        "-" if padding is None else f"{padding:.1%}",
+    )
+    return table
+
+
+async def run_load(
+    url: str,
+    bodies: list[dict],
+    *,
+    clients: int,
+    rate: float,
+    duration_s: float,
+    metrics_url: str,
+    show_progress: bool,
+) -> tuple[list, dict]:
+    """One measured run: closed loop with `clients`, or open loop when `rate` > 0."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from common import loadgen
+
+    before = loadgen.padding_from_metrics(await loadgen.metrics_page(metrics_url))
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[done]} answers"),
+        TimeElapsedColumn(),
+        disable=not show_progress,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("load", total=duration_s, done=0)
+        started = time.perf_counter()
+        count = 0
+
+        def on_sample(_sample: Any) -> None:
+            nonlocal count
+            count += 1
+            progress.update(task, completed=time.perf_counter() - started, done=count)
+
+        if rate > 0:
+            samples, elapsed = await loadgen.open_loop(
+                url, bodies, rate=rate, duration_s=duration_s, on_sample=on_sample
+            )
+        else:
+            samples, elapsed = await loadgen.closed_loop(
+                url, bodies, clients=clients, duration_s=duration_s, on_sample=on_sample
+            )
+    after = loadgen.padding_from_metrics(await loadgen.metrics_page(metrics_url))
+    summary = loadgen.summarize(samples, elapsed)
+    runs = after[1] - before[1]
+    summary["padding_ratio"] = (after[0] - before[0]) / runs if runs > 0 else None
+    return samples, summary
+
+
+def status(
+    ctx: typer.Context,
+    redis_url: RedisUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts")] = False,
+    watch: Annotated[float, typer.Option(help="Refresh every N seconds (0 = once)")] = 0.0,
+) -> None:
+    """Queue depth, lag, pending, oldest age, dead letters per model and bucket; workers."""
+    from redis.exceptions import RedisError
+    from rich.console import Console
+
+    from common.status import collect, to_json
+    from common.store import close_store, open_store
+
+    settings = settings_from_context(ctx, redis_url=redis_url)
+    if settings.embedded:
+        raise typer.BadParameter("status needs --redis-url (or MICROBATCH_REDIS_URL)")
+
+    async def snapshot() -> list:
+        store = open_store(settings)
+        try:
+            return await collect(store, settings.prefix, settings.buckets, settings.worker_stale_ms)
+        finally:
+            await close_store(store)
+
+    console = Console(width=140)
+    while True:
+        try:
+            models = asyncio.run(snapshot())
+        except RedisError as exc:
+            console.print(f"[red]cannot read Redis at {settings.redis_url_redacted}: {exc}[/red]")
+            raise typer.Exit(1) from None
+        if as_json:
+            print(json.dumps(to_json(models)))
+        else:
+            if watch:
+                console.clear()
+            console.print(status_table(models))
+        if not watch:
+            return
+        time.sleep(watch)
+
+
+def bench(
+    url: Url = "http://127.0.0.1:8000",
+    model: Annotated[
+        str | None, typer.Option(help="Model to ask for (gateway default if unset)")
+    ] = None,
+    workload: Workload = "short",
+    clients: Annotated[int, typer.Option(help="Closed loop: concurrent clients")] = 32,
+    rate: Annotated[
+        float, typer.Option(help="Open loop: Poisson arrivals per second (0 = closed loop)")
+    ] = 0.0,
+    duration: Annotated[float, typer.Option(help="Seconds of load")] = 20.0,
+    metrics_url: Annotated[
+        str | None, typer.Option(help="Where batch metrics live (default: --url)")
+    ] = None,
+    seed: int = 0,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", help="Write results as JSON here")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG: latency distribution, throughput")
+    ] = None,
+) -> None:
+    """Load a running gateway with embeddings; print a summary, optionally JSON and a plot."""
+    from rich.console import Console
+
+    from common import loadgen, plots
+
+    texts = loadgen.workload(workload, 4096, seed)
+    bodies = [{"input": t, **({"model": model} if model else {})} for t in texts]
+    samples, summary = asyncio.run(
+        run_load(
+            url,
+            bodies,
+            clients=clients,
+            rate=rate,
+            duration_s=duration,
+            metrics_url=metrics_url or url,
+            show_progress=True,
+        )
+    )
+    mode = f"open loop {rate:g}/s" if rate > 0 else f"closed loop, {clients} clients"
+    title = f"{workload} workload, {mode}, {duration:g}s"
+    Console(width=140).print(summary_table(title, summary))
+    result = {
+        "url": url,
+        "workload": workload,
+        "mode": "open" if rate > 0 else "closed",
+        "clients": clients,
+        "rate": rate,
+        "duration_s": duration,
+        **summary,
+    }
+    if as_json is not None:
+        as_json.write_text(json.dumps(result, indent=2))
+    if plot is not None:
+        plots.bench_plot(samples, title, plot)
+
+
+def tune(
+    ctx: typer.Context,
+    redis_url: RedisUrl = None,
+    url: Url = "http://127.0.0.1:8000",
+    model: Annotated[str | None, typer.Option(help="Model whose workers are tuned")] = None,
+    waits: Annotated[str, typer.Option(help="max_wait_ms values to sweep")] = "0,2,5,10,20",
+    sizes: Annotated[str, typer.Option(help="max_batch_size values to sweep")] = "1,4,8,16,32",
+    workload: Workload = "short",
+    rate: Annotated[float, typer.Option(help="Offered load, requests/s (open loop)")] = 50.0,
+    duration: Annotated[float, typer.Option(help="Seconds per setting")] = 10.0,
+    p99_target_ms: Annotated[float, typer.Option(help="Latency target for the pick")] = 200.0,
+    keep: Annotated[bool, typer.Option(help="Leave the best setting applied")] = False,
+    apply: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Only apply NAME=VALUE live (max_batch_size, max_wait_ms, max_batch_tokens); "
+            "'clear' resets",
+        ),
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the throughput-latency frontier PNG")
+    ] = None,
+    as_json: Annotated[
+        Path | None, typer.Option("--json", help="Write the table as JSON here")
+    ] = None,
+) -> None:
+    """Sweep batching settings live (no restart) at a load; pick the best under a p99 target."""
+    from rich.console import Console
+
+    settings = settings_from_context(ctx, redis_url=redis_url, model=model)
+    if settings.embedded:
+        raise typer.BadParameter("tune needs --redis-url: settings reach workers through Redis")
+    console = Console(width=140)
+    if apply is not None:
+        values = {} if apply == ["clear"] else dict(a.split("=", 1) for a in apply)
+        asyncio.run(_set_live(settings, values))
+        console.print(f"live batching settings for {settings.model}: {values or 'cleared'}")
+        return
+    rows = asyncio.run(_sweep(settings, url, waits, sizes, workload, rate, duration, console))
+    _report_tune(console, rows, p99_target_ms, plot, as_json)
+    from common.tune import best_under
+
+    best = best_under(rows, p99_target_ms)
+    final = (
+        {}
+        if best is None or not keep
+        else {
+            "max_wait_ms": f"{best['max_wait_ms']:g}",
+            "max_batch_size": str(best["max_batch_size"]),
+        }
+    )
+    asyncio.run(_set_live(settings, final))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the operator commands to the one typer app."""
+    app.command(context_settings=EXTRA)(status)
+    app.command()(bench)
+    app.command(context_settings=EXTRA)(tune)
+
+
+def settings_from_context(ctx: typer.Context, **named: Any) -> Any:
+    from common.cli import settings_from_context as build
+
+    return build(ctx, **named)
+
+
+async def _set_live(settings: Any, values: dict[str, str]) -> None:
+    from common import streams
+    from common.store import close_store, open_store
+
+    store = open_store(settings)
+    try:
+        await streams.set_live_batching(
+            store, streams.Keys(settings.prefix), settings.model, values
+        )
+    finally:
+        await close_store(store)
+
+
+async def _sweep(
+    settings: Any,
+    url: str,
+    waits: str,
+    sizes: str,
+    workload: str,
+    rate: float,
+    duration: float,
+    console: Any,
+) -> list[dict]:
+    from common import loadgen
+    from common.tune import grid
+
+    texts = loadgen.workload(workload, 4096)
+    bodies = [{"input": t, "model": settings.model} for t in texts]
+    combos = grid([float(w) for w in waits.split(",")], [int(s) for s in sizes.split(",")])
+    rows = []
+    for values in combos:
+        await _set_live(settings, values)
+        await asyncio.sleep(2.5 * settings.heartbeat_interval_ms / 1000)  # workers apply on a beat
+        _, summary = await run_load(
+            url,
+            bodies,
+            clients=0,
+            rate=rate,
+            duration_s=duration,
+            metrics_url=url,
+            show_progress=False,
+        )
+        row = {
+            "max_wait_ms": float(values["max_wait_ms"]),
+            "max_batch_size": int(values["max_batch_size"]),
+            **summary,
+        }
+        console.print(
+            f"max_wait_ms={values['max_wait_ms']:>4} max_batch_size={values['max_batch_size']:>3}: "
+            f"{row['requests_per_s']:.1f} req/s, p99 {row['p99_ms'] or 0:.1f} ms"
+        )
+        rows.append(row)
+    return rows
+
+
+def _report_tune(
+    console: Any, rows: list[dict], p99_target_ms: float, plot: Path | None, as_json: Path | None
+) -> None:
+    from rich.table import Table
+
+    from common import plots
+    from common.tune import best_under
+
+    best = best_under(rows, p99_target_ms)
+    table = Table(title=f"tune: best throughput with p99 <= {p99_target_ms:g} ms marked *")
+    for column in (
+        "max_wait_ms",
+        "max_batch_size",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "mean batch",
+        "errors",
+        "",
+    ):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            f"{r['max_wait_ms']:g}",
+            str(r["max_batch_size"]),
+            f"{r['requests_per_s']:.1f}",
+            f"{r['p50_ms'] or 0:.1f}",
+            f"{r['p99_ms'] or 0:.1f}",
+            f"{r['mean_batch_size'] or 0:.2f}",
+            str(sum(r["errors_by_status"].values())),
+            "*" if r is best else "",
+        )
+    console.print(table)
+    if as_json is not None:
+        as_json.write_text(
+            json.dumps({"rows": rows, "best": best, "p99_target_ms": p99_target_ms}, indent=2)
+        )
+    if plot is not None:
+        plots.frontier_plot(rows, best, p99_target_ms, plot)
