@@ -91,6 +91,7 @@ def _uvicorn_server(settings: Settings, fastapi_app: Any) -> Any:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=30,
+        log_config=None,  # uvicorn's lines go through our handler (JSON by default)
     )
     return Server(config)
 
@@ -105,7 +106,7 @@ def serve(
 ) -> None:
     """Gateway and one worker in one process; embedded store unless --redis-url."""
     settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port, model=model)
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
 
     async def main() -> None:
         from common.store import close_store, open_store
@@ -135,7 +136,7 @@ def gateway(
     settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port)
     if settings.embedded:
         raise typer.BadParameter("gateway needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
 
     async def main() -> None:
         from common.store import close_store, open_store
@@ -158,7 +159,7 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     settings = settings_from_context(ctx, redis_url=redis_url, model=model)
     if settings.embedded:
         raise typer.BadParameter("worker needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
-    setup_logging(settings.log_level)
+    setup_logging(settings.log_level, settings.log_format)
 
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server

@@ -33,7 +33,8 @@ class RequestEntry:
     """One input of one client request, queued on its model's bucket stream."""
 
     TAG: ClassVar[str] = "req"
-    id: str  # "<request id>.<input index>": the key the reply is routed by
+    id: str  # "<gateway-unique id>.<input index>": the key the reply is routed by
+    request_id: str  # the client's X-Request-ID (or the generated one), for logs
     model: str
     kind: str
     tokens: bytes  # uint32 little-endian token ids, special tokens included

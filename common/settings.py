@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
 
     @field_validator("buckets", "api_keys", mode="before")
     @classmethod

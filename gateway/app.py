@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
+import logging
 import os
 import re
 import time
@@ -55,6 +56,7 @@ from gateway.replies import ReplyRouter
 from gateway.schemas import EmbeddingRequest
 from gateway.tokenize import TokenizePool
 
+log = logging.getLogger("microbatch.gateway")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 MAX_TIMEOUT_MS = 600_000
 EMBEDDINGS_SCHEMA = {
@@ -174,7 +176,12 @@ async def _token_lists(gw: Gateway, model: ModelEntry, req: EmbeddingRequest) ->
 
 
 async def _submit(
-    gw: Gateway, model: ModelEntry, token_lists: list[np.ndarray], timeout_ms: int, priority: int
+    gw: Gateway,
+    model: ModelEntry,
+    token_lists: list[np.ndarray],
+    timeout_ms: int,
+    priority: int,
+    request_id: str,
 ) -> list[EmbeddingResult]:
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
@@ -192,6 +199,7 @@ async def _submit(
     for i, ids_array in enumerate(token_lists):
         entry = RequestEntry(
             id=f"{base}.{i}",
+            request_id=request_id,
             model=model.info.name,
             kind="embed",
             tokens=pack_tokens(ids_array),
@@ -274,7 +282,7 @@ async def embeddings(request: Request) -> Response:
         timeout_ms = _timeout_ms(request, gw.settings.request_timeout_ms)
         priority = _priority(request)
         token_lists = await _token_lists(gw, model, req)
-        replies = await _submit(gw, model, token_lists, timeout_ms, priority)
+        replies = await _submit(gw, model, token_lists, timeout_ms, priority, request_id)
         status = 200
         body = _embedding_body(req, name, replies)
         return Response(
@@ -282,6 +290,12 @@ async def embeddings(request: Request) -> Response:
         )
     except MicrobatchError as exc:
         status = exc.status
+        if status >= 500:
+            log.warning(
+                "request failed: %s",
+                exc.message,
+                extra={"request_id": request_id, "status": status, "code": exc.code},
+            )
         return error_response(exc, request_id)
     finally:
         metrics.inflight_requests.dec()

@@ -301,7 +301,14 @@ class Consumer:
     async def _dead_letter(
         self, item: streams.StreamEntry, count: int, decision: recovery.DeadLetter, replies: list
     ) -> None:
-        log.error("dead-lettering %s from %s: %s", item.entry_id, item.stream, decision.reason)
+        request_id = decision.entry.request_id if decision.entry else None
+        log.error(
+            "dead-lettering %s from %s: %s",
+            item.entry_id,
+            item.stream,
+            decision.reason,
+            extra={"request_id": request_id},
+        )
         metrics.dead_letters_total.inc()
         letter = DeadLetter(
             stream=item.stream,
@@ -370,7 +377,11 @@ class Consumer:
         replies = []
         for held, result in zip(members, results, strict=True):
             if isinstance(result, Exception):
-                log.error("input %s failed: %r", held.entry.id, result)
+                log.error(
+                    "input failed: %r",
+                    result,
+                    extra={"request_id": held.entry.request_id, "entry": held.entry.id},
+                )
                 replies.append(
                     self._error(held.entry, 500, "inference_failed", f"model failed: {result}")
                 )
@@ -403,15 +414,22 @@ class Consumer:
             metrics.queue_wait_seconds.labels(*labels).observe(
                 max(0, start_ms - held.entry.enqueued_ms) / 1000
             )
-        log.debug(
-            "batch bucket=%d size=%d padded=%d real=%d trigger=%s compute_ms=%.1f",
-            batch.bucket,
-            len(members),
-            batch.padded_tokens,
-            batch.real_tokens,
-            batch.trigger,
-            compute_s * 1000,
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            waits = [max(0, start_ms - h.entry.enqueued_ms) for h in members]
+            log.debug(
+                "batch",
+                extra={
+                    "model": self._model,
+                    "bucket": batch.bucket,
+                    "size": len(members),
+                    "padded_tokens": batch.padded_tokens,
+                    "real_tokens": batch.real_tokens,
+                    "trigger": batch.trigger,
+                    "max_wait_ms": max(waits),
+                    "compute_ms": round(compute_s * 1000, 2),
+                    "request_ids": sorted({h.entry.request_id for h in members}),
+                },
+            )
 
     async def _publish(self, replies: list[tuple[str, bytes]], done: list[tuple[str, str]]) -> None:
         """Reply then ack; on failure leave the entries pending so they are redone, not lost."""

@@ -214,3 +214,26 @@ def test_a_live_batching_change_alters_the_batches_that_follow(
     assert [(r["max_wait_ms"], r["max_batch_size"]) for r in rows] == [(0, 1), (0, 4)]
     assert rows[0]["mean_batch_size"] == 1
     assert json.loads(report.read_text())["best"] is not None
+
+
+def test_the_request_id_is_carried_into_the_workers_batch_log_line(processes: Processes) -> None:
+    serve = processes.start("serve", model="noop", log_level="debug")
+    wait_ready(serve)
+    r = httpx.post(
+        f"{serve.base_url}/v1/embeddings",
+        json={"input": "follow me"},
+        headers={"X-Request-ID": "follow-me-123"},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    deadline = time.monotonic() + 10
+    batch_lines: list[dict] = []
+    while not batch_lines and time.monotonic() < deadline:
+        lines = [json.loads(line) for line in serve.output().splitlines() if line.startswith("{")]
+        batch_lines = [line for line in lines if line["msg"] == "batch"]
+        time.sleep(0.1)
+    [line] = [b for b in batch_lines if "follow-me-123" in b["request_ids"]]
+    assert (
+        line["size"] == 1 and line["bucket"] == 128 and line["padded_tokens"] == line["real_tokens"]
+    )
+    assert {"max_wait_ms", "compute_ms", "trigger"} <= set(line)

@@ -30,6 +30,7 @@ from common.protocol import (
 def entry(**over: object) -> RequestEntry:
     fields = dict(
         id="abc.0",
+        request_id="req-1",
         model="m",
         kind="embed",
         tokens=pack_tokens([101, 7, 102]),

@@ -1,0 +1,24 @@
+"""JSON log lines carry the context passed as `extra`, request id included."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from common.logs import JsonFormatter
+
+
+def test_a_json_line_carries_extras_and_the_message() -> None:
+    record = logging.LogRecord(
+        "microbatch.worker", logging.DEBUG, __file__, 1, "batch %s", ("x",), None
+    )
+    record.request_id = "req-7"
+    record.size = 4
+    line = json.loads(JsonFormatter().format(record))
+    assert (
+        line["msg"] == "batch x"
+        and line["level"] == "debug"
+        and line["logger"] == "microbatch.worker"
+    )
+    assert line["request_id"] == "req-7" and line["size"] == 4
+    assert line["ts"].endswith("Z")
