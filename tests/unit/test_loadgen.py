@@ -94,6 +94,33 @@ def test_tune_picks_the_fastest_setting_that_meets_the_target_without_errors() -
     assert best_under(rows, 10) is None
 
 
+def test_tune_breaks_throughput_ties_by_the_lower_p99() -> None:
+    rows = [
+        {
+            "max_wait_ms": 0,
+            "max_batch_size": 8,
+            "requests_per_s": 57.9,
+            "p99_ms": 250,
+            "errors_by_status": {},
+        },
+        {
+            "max_wait_ms": 5,
+            "max_batch_size": 16,
+            "requests_per_s": 57.8,
+            "p99_ms": 130,
+            "errors_by_status": {},
+        },
+        {
+            "max_wait_ms": 0,
+            "max_batch_size": 1,
+            "requests_per_s": 50.0,
+            "p99_ms": 100,
+            "errors_by_status": {},
+        },
+    ]
+    assert best_under(rows, 500) is rows[1]
+
+
 def test_the_grid_covers_every_pair() -> None:
     assert grid([0, 2.5], [1, 4]) == [
         {"max_wait_ms": "0", "max_batch_size": "1"},
