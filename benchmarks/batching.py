@@ -20,13 +20,11 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import re
 import resource
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,35 +34,16 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import loadgen
+
 ROOT = Path(__file__).resolve().parent.parent
-WORDS = [
-    "the",
-    "queue",
-    "batches",
-    "short",
-    "requests",
-    "so",
-    "the",
-    "model",
-    "sees",
-    "fuller",
-    "batches",
-    "and",
-    "fewer",
-    "calls",
-]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def short_texts(n: int, seed: int = 0) -> list[str]:
-    """Texts of 8-48 tokens for the default tokenizer (one word is about one token)."""
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 46))) for _ in range(n)]
 
 
 @contextmanager
@@ -105,49 +84,15 @@ def microbatch(role: str) -> list[str]:
     return [sys.executable, "-m", "common.cli", role]
 
 
-async def closed_loop(url: str, texts: list[str], clients: int, duration_s: float) -> dict:
-    """`clients` loops, each sending its next request when the last one is answered."""
-    latencies: list[float] = []
-    errors = 0
-    stop_at = time.perf_counter() + duration_s
-    sizes: list[int] = []
-
-    async def one_client(client: httpx.AsyncClient, offset: int) -> None:
-        nonlocal errors
-        i = offset
-        while time.perf_counter() < stop_at:
-            t0 = time.perf_counter()
-            r = await client.post("/v1/embeddings", json={"input": texts[i % len(texts)]})
-            latencies.append(time.perf_counter() - t0)
-            if r.status_code != 200:
-                errors += 1
-            else:
-                sizes.append(int(r.headers["x-microbatch-batch-size"]))
-            i += clients
-
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(one_client(client, k) for k in range(clients)))
-        elapsed = time.perf_counter() - start
-    return summary(latencies, elapsed, errors, sizes)
-
-
-def summary(latencies: list[float], elapsed: float, errors: int, sizes: list[int]) -> dict:
-    ordered = sorted(latencies)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
-    return {
-        "requests": len(latencies),
-        "errors": errors,
-        "requests_per_s": len(latencies) / elapsed,
-        "p50_ms": pick(0.50),
-        "p99_ms": pick(0.99),
-        "mean_batch_size": statistics.fmean(sizes) if sizes else 0.0,
-    }
+async def measure(url: str, bodies: list[dict], clients: int, duration_s: float) -> dict:
+    samples, elapsed = await loadgen.closed_loop(
+        url, bodies, clients=clients, duration_s=duration_s
+    )
+    return loadgen.summarize(samples, elapsed)
 
 
 def part_model(duration_s: float, clients: int) -> dict:
-    texts = short_texts(2000)
+    bodies = [{"input": t} for t in loadgen.workload("short", 2000)]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in (16, 1):
@@ -156,9 +101,9 @@ def part_model(duration_s: float, clients: int) -> dict:
             env = env_with(port=port, max_batch_size=size)
             with started(microbatch("serve"), env, Path(tmp) / f"serve-{size}.log"):
                 wait_ready(url)
-                asyncio.run(closed_loop(url, texts, clients, min(5.0, duration_s / 3)))  # warm-up
+                asyncio.run(measure(url, bodies, clients, min(5.0, duration_s / 3)))  # warm-up
                 results[f"max_batch_size={size}"] = asyncio.run(
-                    closed_loop(url, texts, clients, duration_s)
+                    measure(url, bodies, clients, duration_s)
                 )
     batched, single = results["max_batch_size=16"], results["max_batch_size=1"]
     results["throughput_ratio_16_vs_1"] = batched["requests_per_s"] / single["requests_per_s"]
