@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     max_batch_tokens: int = Field(default=16_384, gt=0)
     max_wait_ms: float = Field(default=10.0, ge=0)
     claim_idle_ms: int = Field(default=30_000, gt=0)
+    max_batch_ms: int = Field(default=120_000, gt=0)  # longer and the worker counts as hung
     max_deliveries: int = Field(default=3, gt=0)
     read_block_ms: int = Field(default=1000, gt=0)
     heartbeat_interval_ms: int = Field(default=1000, gt=0)
@@ -60,6 +61,9 @@ class Settings(BaseSettings):
     device: str = "cpu"
     noop_dim: int = Field(default=384, gt=0)
     noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
+    # Fault-test seams of the noop model: a row with this token fails; a batch with it crashes.
+    noop_fail_token: int | None = None
+    noop_crash_token: int | None = None
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"

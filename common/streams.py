@@ -254,3 +254,13 @@ async def set_live_batching(store: Store, keys: Keys, model: str, values: dict[s
     if values:
         pipe.hset(keys.batching(model), mapping=values)
     await pipe.execute()
+
+
+async def renew_leases(store: Store, stream: str, consumer: str, ids: Sequence[str]) -> None:
+    """Reset our own pending entries' idle time so no peer's XAUTOCLAIM takes them.
+
+    On Redis, JUSTID does not count a delivery; burner-redis counts one, which matters only
+    after a restart there, and the embedded store does not survive one.
+    """
+    if ids:
+        await store.xclaim(stream, GROUP, consumer, 0, list(ids), idle=0, justid=True)

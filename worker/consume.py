@@ -34,6 +34,7 @@ from common.settings import Settings
 from common.store import Store
 from worker import recovery
 from worker.batching import Batch, Limits, Waiting, next_batch
+from worker.reclaim import Reclaimer
 from worker.runner import Runner
 from worker.utilization import Utilization
 
@@ -86,7 +87,23 @@ class Consumer:
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
         self._last_beat_s = 0.0
         self._utilization = Utilization(settings.device)
+        self._batch_started_s: float | None = None  # set while a batch computes
+        self._reclaimer = Reclaimer(
+            store,
+            name,
+            self._streams,
+            claim_idle_ms=settings.claim_idle_ms,
+            accept=self._accept,
+            room=lambda: self._batch_limits.max_batch_size - self.held,
+            owned=self._owned,
+            hung=self.hung,
+        )
         self.batches_run = 0
+
+    def hung(self) -> bool:
+        """A batch running past `max_batch_ms` means the model is stuck, not slow."""
+        started = self._batch_started_s
+        return started is not None and self._clock() - started > self._settings.max_batch_ms / 1000
 
     @property
     def held(self) -> int:
@@ -97,9 +114,9 @@ class Consumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop`; then finish and ack everything held, and return."""
         await self._until_ok(lambda: streams.ensure_groups(self._store, self._streams), stop)
-        await self._drain_own_pending()
+        await self._reclaimer.drain_own_pending()
         reader = asyncio.create_task(self._read_loop(stop), name="reader")
-        reclaimer = asyncio.create_task(self._reclaim_loop(stop), name="reclaimer")
+        reclaimer = asyncio.create_task(self._reclaimer.run(stop), name="reclaimer")
         try:
             await self._schedule_loop(stop, reader)
         finally:
@@ -167,7 +184,13 @@ class Consumer:
                 await self._accept(read, deliveries={})
 
     async def _beat_if_due(self) -> None:
+        """Beat only while the loop makes progress: a hung batch must fail readiness."""
         now = self._clock()
+        if self.hung():
+            if now - self._last_beat_s >= self._settings.worker_stale_ms / 1000:
+                log.error("batch running past max_batch_ms: not beating, peers will reclaim")
+                self._last_beat_s = now
+            return
         if now - self._last_beat_s < self._settings.heartbeat_interval_ms / 1000:
             return
         self._last_beat_s = now
@@ -207,64 +230,6 @@ class Consumer:
         self._changed.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout_s)
-
-    async def _drain_own_pending(self) -> None:
-        """After a restart under the same name, our own pending entries come first."""
-        for stream in self._streams:
-            last = "0"
-            while True:
-                read = await streams.read_group(
-                    self._store, self.name, {stream: last}, count=100, block_ms=None
-                )
-                if not read:
-                    break
-                last = read[-1].entry_id
-                counts = await streams.delivery_counts(
-                    self._store, stream, [e.entry_id for e in read]
-                )
-                metrics.redeliveries_total.inc(len(read))
-                await self._accept(read, counts)
-
-    async def _reclaim_loop(self, stop: asyncio.Event) -> None:
-        """XAUTOCLAIM entries idle past `claim_idle_ms`: their worker died or lost them."""
-        period_s = max(0.5, self._settings.claim_idle_ms / 2000)
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period_s)
-                return
-            for stream in self._streams:
-                try:
-                    await self._reclaim(stream)
-                except RedisError as exc:
-                    log.warning("reclaim on %s failed: %s", stream, exc)
-
-    async def _reclaim(self, stream: str) -> None:
-        cursor = "0-0"
-        while True:
-            room = self._batch_limits.max_batch_size - self.held
-            if room <= 0:
-                return
-            cursor, claimed, deleted = await streams.autoclaim(
-                self._store,
-                stream,
-                self.name,
-                min_idle_ms=self._settings.claim_idle_ms,
-                start=cursor,
-                count=room,
-            )
-            if deleted:
-                log.warning("%d pending entries on %s had lost their payload", len(deleted), stream)
-                metrics.dead_letters_total.inc(len(deleted))
-            # Claiming our own in-flight entries just renews their lease; only others' count.
-            claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._owned]
-            if claimed:
-                counts = await streams.delivery_counts(
-                    self._store, stream, [e.entry_id for e in claimed]
-                )
-                metrics.redeliveries_total.inc(len(claimed))
-                await self._accept(claimed, counts)
-            if cursor == "0-0":
-                return
 
     async def _accept(
         self, read: Sequence[streams.StreamEntry], deliveries: dict[str, int]
@@ -370,7 +335,11 @@ class Consumer:
         t0 = time.perf_counter()
         rows = [h.entry.token_ids() for h in members]
         loop = asyncio.get_running_loop()
-        results = await loop.run_in_executor(self._executor, self._runner.embed, rows)
+        self._batch_started_s = self._clock()
+        try:
+            results = await loop.run_in_executor(self._executor, self._runner.embed, rows)
+        finally:
+            self._batch_started_s = None
         compute_s = time.perf_counter() - t0
         self._observe(batch, members, compute_s, start_ms)
         batch_id = f"{self.name}:{next(self._batches)}"

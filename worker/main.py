@@ -29,7 +29,12 @@ def load_model(settings: Settings) -> LoadedModel:
     """Blocking: reads files and weights. Call it off the event loop."""
     files = describe(settings.model)
     if settings.model == NOOP_MODEL:
-        runner: Runner = NoopRunner(settings.noop_dim, settings.noop_compute_ms)
+        runner: Runner = NoopRunner(
+            settings.noop_dim,
+            settings.noop_compute_ms,
+            settings.noop_fail_token,
+            settings.noop_crash_token,
+        )
     else:
         runner = TorchRunner(files, device=settings.device, threads=settings.torch_threads)
     return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))

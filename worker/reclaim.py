@@ -1,0 +1,113 @@
+"""Recovery I/O: drain our own pending entries, reclaim dead peers', renew our own leases.
+
+A live worker re-claims the entries it holds (XCLAIM IDLE 0 JUSTID, which on Redis resets
+their idle time without counting a delivery), so peers' XAUTOCLAIM never takes work from a
+slow but alive worker. A worker whose batch runs past `max_batch_ms` counts as hung: it stops
+renewing (and beating), so its entries go to peers after `claim_idle_ms`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+
+from redis.exceptions import RedisError
+
+from common import metrics, streams
+from common.store import Store
+
+log = logging.getLogger("microbatch.worker")
+
+Accept = Callable[[Sequence[streams.StreamEntry], dict[str, int]], Awaitable[None]]
+
+
+class Reclaimer:
+    def __init__(
+        self,
+        store: Store,
+        consumer: str,
+        request_streams: list[str],
+        *,
+        claim_idle_ms: int,
+        accept: Accept,
+        room: Callable[[], int],
+        owned: set[tuple[str, str]],
+        hung: Callable[[], bool],
+    ) -> None:
+        self._store = store
+        self._consumer = consumer
+        self._streams = request_streams
+        self._claim_idle_ms = claim_idle_ms
+        self._accept = accept
+        self._room = room
+        self._owned = owned  # shared with the consumer: (stream, id) held or computing
+        self._hung = hung
+
+    async def drain_own_pending(self) -> None:
+        """After a restart under the same name, our own pending entries come first."""
+        for stream in self._streams:
+            last = "0"
+            while True:
+                read = await streams.read_group(
+                    self._store, self._consumer, {stream: last}, count=100, block_ms=None
+                )
+                if not read:
+                    break
+                last = read[-1].entry_id
+                ids = [e.entry_id for e in read]
+                counts = await streams.delivery_counts(self._store, stream, ids)
+                metrics.redeliveries_total.inc(len(read))
+                await self._accept(read, counts)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Renew leases every third of `claim_idle_ms`; reclaim from peers every half."""
+        period_s = max(0.1, self._claim_idle_ms / 3000)
+        passes = 0
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+                return
+            passes += 1
+            if self._hung():
+                continue  # neither renew nor claim: even claiming to ourselves would keep them
+            try:
+                await self._renew()
+                if passes % 2 == 0:
+                    for stream in self._streams:
+                        await self._reclaim(stream)
+            except RedisError as exc:
+                log.warning("reclaim or lease renewal failed: %s", exc)
+
+    async def _renew(self) -> None:
+        by_stream: dict[str, list[str]] = defaultdict(list)
+        for stream, entry_id in self._owned:
+            by_stream[stream].append(entry_id)
+        for stream, ids in by_stream.items():
+            await streams.renew_leases(self._store, stream, self._consumer, ids)
+
+    async def _reclaim(self, stream: str) -> None:
+        cursor = "0-0"
+        while self._room() > 0:
+            cursor, claimed, deleted = await streams.autoclaim(
+                self._store,
+                stream,
+                self._consumer,
+                min_idle_ms=self._claim_idle_ms,
+                start=cursor,
+                count=self._room(),
+            )
+            if deleted:
+                log.warning("%d pending entries on %s had lost their payload", len(deleted), stream)
+                metrics.dead_letters_total.inc(len(deleted))
+            # Our own entries are not redeliveries: claiming them only renewed them.
+            claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._owned]
+            if claimed:
+                ids = [e.entry_id for e in claimed]
+                counts = await streams.delivery_counts(self._store, stream, ids)
+                metrics.redeliveries_total.inc(len(claimed))
+                await self._accept(claimed, counts)
+            if cursor == "0-0":
+                return
