@@ -185,12 +185,16 @@ async def register_model(
 
 async def heartbeat(
     store: Store, keys: Keys, model: str, consumer: str, now_ms: int, stale_ms: int
-) -> None:
-    """Record that this consumer's loop is alive, and forget peers silent for long."""
+) -> bool:
+    """Record that this consumer's loop is alive, and forget peers silent for long.
+
+    Returns whether the model is still registered: False means Redis lost its data.
+    """
     pipe = pipeline(store)
     pipe.zadd(keys.workers(model), {consumer: now_ms})
     pipe.zremrangebyscore(keys.workers(model), 0, now_ms - 60 * stale_ms)
-    await pipe.execute()
+    pipe.hexists(keys.models, model)
+    return bool((await pipe.execute())[-1])
 
 
 async def leave(store: Store, keys: Keys, model: str, consumer: str) -> None:

@@ -36,6 +36,7 @@ class RedisServer:
     port: int
     dir: Path
     proc: subprocess.Popen | None = None
+    persist: bool = False  # an append-only file fsynced on every write: restarts keep all
 
     @property
     def url(self) -> str:
@@ -45,6 +46,7 @@ class RedisServer:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: .ci/run installs it with apt")
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.persist else []
         self.proc = subprocess.Popen(
             [
                 binary,
@@ -56,6 +58,7 @@ class RedisServer:
                 "",
                 "--appendonly",
                 "no",
+                *persistence,
                 "--dir",
                 str(self.dir),
             ],

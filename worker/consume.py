@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -64,8 +64,10 @@ class Consumer:
         runner: Runner,
         limits: recovery.EntryLimits,
         name: str,
+        register: Callable[[], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._register = register
         self._settings = settings
         self._store = store
         self._runner = runner
@@ -168,12 +170,15 @@ class Consumer:
                 )
                 backoff = 0.05
             except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                log.warning("consumer group vanished (Redis lost data?); recreating")
-                await self._until_ok(
-                    lambda: streams.ensure_groups(self._store, self._streams), stop
-                )
+                if "NOGROUP" in str(exc):
+                    log.warning("consumer group vanished (Redis lost data?); recreating")
+                    await self._until_ok(
+                        lambda: streams.ensure_groups(self._store, self._streams), stop
+                    )
+                    continue
+                log.warning("read refused (%s); retrying in %.2fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
                 continue
             except RedisError as exc:
                 log.warning("read failed (%s); retrying in %.2fs", exc, backoff)
@@ -197,7 +202,7 @@ class Consumer:
         metrics.device_utilization.set(self._utilization.sample())
         await self._apply_live_settings()
         try:
-            await streams.heartbeat(
+            registered = await streams.heartbeat(
                 self._store,
                 self._keys,
                 self._model,
@@ -205,6 +210,9 @@ class Consumer:
                 _wall_ms(),
                 self._settings.worker_stale_ms,
             )
+            if not registered:  # Redis lost its data (restart without persistence, flush)
+                log.warning("model registration vanished; registering %s again", self._model)
+                await self._register()
         except RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
 

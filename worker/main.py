@@ -71,7 +71,14 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
             vocab_size=model.files.vocab_size,
             max_deliveries=settings.max_deliveries,
         )
-        consumer = Consumer(settings, store, model.runner, limits, settings.process_id("worker"))
+        consumer = Consumer(
+            settings,
+            store,
+            model.runner,
+            limits,
+            settings.process_id("worker"),
+            register=lambda: register(store, settings, model),
+        )
         while not stop.is_set():
             try:
                 await register(store, settings, model)

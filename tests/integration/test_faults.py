@@ -199,12 +199,19 @@ def test_a_hung_worker_fails_readiness_and_its_entries_go_to_a_peer(
     assert all(
         not r.headers["x-microbatch-worker"].endswith(str(hung.popen.pid)) for r in responses
     )
-    result = CliRunner().invoke(
-        app, ["status", "--redis-url", redis_url, "--json", "--worker-stale-ms", "1500"]
-    )
-    [model] = json.loads(result.output)
-    live = {w["name"]: w["live"] for w in model["workers"]}
-    assert live[f"{_host()}-{hung.popen.pid}"] is False
+    # Readiness fails within worker_stale_ms of the hang: its loop no longer beats.
+    hung_name = f"{_host()}-{hung.popen.pid}"
+    deadline = time.monotonic() + 10
+    while True:
+        result = CliRunner().invoke(
+            app, ["status", "--redis-url", redis_url, "--json", "--worker-stale-ms", "1500"]
+        )
+        [model] = json.loads(result.output)
+        live = {w["name"]: w["live"] for w in model["workers"]}
+        if not live[hung_name] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert live[hung_name] is False
     assert model["live_workers"] == 1
     hung.signal(signal.SIGKILL)
 

@@ -1,0 +1,135 @@
+"""Redis faults: restarts with and without data, out of memory, dropped connections."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import redis
+
+from tests.conftest import Processes, RedisServer, free_port, wait_ready
+from tests.integration.test_faults import fire, texts
+
+QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
+
+
+def own_redis(tmp_path, persist: bool) -> RedisServer:
+    server = RedisServer(free_port(), tmp_path, persist=persist)
+    server.start()
+    return server
+
+
+def wait_status(url: str, status: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=3).status_code == status:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"/readyz never answered {status}")
+
+
+def test_redis_restarted_with_its_data_everything_reconnects_and_accepted_work_finishes(
+    processes: Processes, tmp_path
+) -> None:
+    server = own_redis(tmp_path, persist=True)
+    common = {"redis_url": server.url, "model": "noop", **QUICK}
+    processes.start("worker", noop_compute_ms=1500, max_batch_size=4, **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+
+    async def scenario() -> tuple[list[httpx.Response], httpx.Response, float]:
+        accepted = asyncio.create_task(fire(gateway.base_url, texts(4)))
+        await asyncio.sleep(0.5)  # queued and computing
+        server.kill()
+        await asyncio.sleep(1.5)  # the catalog has noticed
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=30) as client:
+            during = await client.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"})
+        fast = time.monotonic() - started
+        server.start()  # same port, same append-only file
+        return await accepted, during, fast
+
+    accepted, during, fast = asyncio.run(scenario())
+    assert during.status_code == 503 and int(during.headers["retry-after"]) >= 1
+    assert fast < 5, f"the outage answer took {fast:.1f}s"
+    # The append-only file kept the entries and the pending list: nothing accepted is lost.
+    assert [r.status_code for r in accepted] == [200] * 4
+    wait_status(gateway.base_url, 200)
+    after = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "after"}, timeout=30)
+    assert after.status_code == 200
+    server.kill()
+
+
+def test_redis_restarted_empty_workers_recreate_groups_and_waiting_clients_get_504(
+    processes: Processes, tmp_path
+) -> None:
+    server = own_redis(tmp_path, persist=False)
+    common = {"redis_url": server.url, "model": "noop", **QUICK}
+    worker = processes.start("worker", noop_compute_ms=2000, max_batch_size=1, **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+
+    async def scenario() -> list[httpx.Response]:
+        waiting = asyncio.create_task(
+            fire(gateway.base_url, texts(3), {"X-Microbatch-Timeout-Ms": "4000"})
+        )
+        await asyncio.sleep(0.5)
+        server.kill()
+        server.start()  # empty: streams, groups, registry all gone
+        return await waiting
+
+    responses = asyncio.run(scenario())
+    assert {r.status_code for r in responses} <= {200, 504}
+    assert any(r.status_code == 504 for r in responses)
+    wait_status(gateway.base_url, 200)  # the worker registered again and beats
+    after = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "after"}, timeout=30)
+    assert after.status_code == 200
+    assert worker.popen.poll() is None, "no crash loop"
+    client = redis.Redis(port=server.port)
+    assert client.xinfo_groups("mb:{noop}:req:128")[0]["name"] == b"workers"
+    client.close()
+    server.kill()
+
+
+def test_redis_out_of_memory_gets_503_with_retry_after(processes: Processes, tmp_path) -> None:
+    server = own_redis(tmp_path, persist=False)
+    common = {"redis_url": server.url, "model": "noop"}
+    processes.start("worker", **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+    client = redis.Redis(port=server.port)
+    used = client.info("memory")["used_memory"]
+    client.config_set("maxmemory", str(used))  # noeviction is the default policy
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    client.config_set("maxmemory", "0")
+    ok = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert ok.status_code == 200
+    client.close()
+    server.kill()
+
+
+def test_replies_published_while_connections_drop_are_still_delivered(
+    redis_url: str, processes: Processes
+) -> None:
+    common = {"redis_url": redis_url, "model": "noop", **QUICK}
+    processes.start("worker", noop_compute_ms=800, max_batch_size=4, **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+    client = redis.Redis.from_url(redis_url)
+
+    async def scenario() -> list[httpx.Response]:
+        requests = asyncio.create_task(fire(gateway.base_url, texts(8)))
+        for _ in range(3):  # cut every client connection, the gateway's reply reader included
+            await asyncio.sleep(0.4)
+            client.client_kill_filter(_type="normal", skipme=True)
+        return await requests
+
+    responses = asyncio.run(scenario())
+    client.close()
+    assert [r.status_code for r in responses] == [200] * 8
