@@ -5,6 +5,7 @@
     │   └── InputTooLong       413  over the token or body limit (message gives both numbers)
     ├── Unauthorized           401  missing or wrong API key
     ├── ModelNotFound          404  no worker has registered that model
+    ├── RateLimited            429  this API key is over its rate (Retry-After)
     ├── ServiceUnavailable     503  Redis unreachable or no live worker (Retry-After)
     │   └── Overloaded         503  queue over max_queue_depth (Retry-After)
     ├── DeadlineExceeded       504  the answer did not come before the deadline
@@ -56,6 +57,10 @@ class Unauthorized(MicrobatchError):
 
 class ModelNotFound(MicrobatchError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class RateLimited(MicrobatchError):
+    status, type, code = 429, "rate_limit_error", "rate_limited"
 
 
 class ServiceUnavailable(MicrobatchError):

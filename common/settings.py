@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    rate_limit_per_key: float = Field(default=0.0, ge=0)  # requests/s per API key; 0 = off
+    rate_limit_burst: int = Field(default=20, gt=0)
     request_timeout_ms: int = Field(default=30_000, gt=0)
     max_queue_depth: int = Field(default=4096, gt=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)

@@ -33,6 +33,7 @@ from common.errors import (
     MicrobatchError,
     ModelNotFound,
     Overloaded,
+    RateLimited,
     ServiceUnavailable,
 )
 from common.protocol import (
@@ -48,7 +49,7 @@ from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
 from gateway import admission
-from gateway.auth import check_api_key
+from gateway.auth import RateLimiter, check_api_key
 from gateway.catalog import Catalog, ModelEntry
 from gateway.enqueue import Enqueuer
 from gateway.limits import BodyLimitMiddleware
@@ -85,6 +86,11 @@ class Gateway:
         )
         self.enqueuer = Enqueuer(store)
         self.tokenize = TokenizePool(settings.inline_tokenize_chars)
+        self.limiter = (
+            RateLimiter(settings.rate_limit_per_key, settings.rate_limit_burst)
+            if settings.rate_limit_per_key > 0
+            else None
+        )
         self.stop = asyncio.Event()
         self.alive = True
         self._nonce = os.urandom(4).hex()
@@ -266,7 +272,12 @@ async def embeddings(request: Request) -> Response:
     label, request_id, status = "unknown", None, 500
     try:
         request_id = _request_id(request)
-        check_api_key(request.headers.get("authorization"), gw.settings.api_keys)
+        key = check_api_key(request.headers.get("authorization"), gw.settings.api_keys)
+        if gw.limiter is not None and key is not None:
+            wait_s = gw.limiter.acquire(key, time.monotonic())
+            if wait_s > 0:
+                metrics.rejected_total.labels("rate_limited").inc()
+                raise RateLimited("rate limit for this API key exceeded", retry_after_s=wait_s)
         try:
             req = EmbeddingRequest.model_validate_json(await request.body())
         except ValidationError as exc:

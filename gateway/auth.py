@@ -22,3 +22,23 @@ def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
     if matched is None:
         raise Unauthorized("invalid API key")
     return matched
+
+
+class RateLimiter:
+    """A token bucket per API key: `rate_per_s` sustained, `burst` at once. Pure: the caller
+    passes the clock, so the rule is tested without sleeping."""
+
+    def __init__(self, rate_per_s: float, burst: int) -> None:
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, last refill time)
+
+    def acquire(self, key: str, now_s: float) -> float:
+        """0 when the request may go; otherwise the seconds until a token is available."""
+        tokens, last = self._buckets.get(key, (float(self.burst), now_s))
+        tokens = min(float(self.burst), tokens + (now_s - last) * self.rate_per_s)
+        if tokens >= 1:
+            self._buckets[key] = (tokens - 1, now_s)
+            return 0.0
+        self._buckets[key] = (tokens, now_s)
+        return (1 - tokens) / self.rate_per_s

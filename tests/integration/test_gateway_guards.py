@@ -46,3 +46,30 @@ def test_redis_down_gets_a_fast_503_with_retry_after(processes: Processes, tmp_p
     assert elapsed < 5, f"503 took {elapsed:.1f}s"
     ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
     assert ready.status_code == 503 and ready.json()["redis"] is False
+
+
+def test_a_key_over_its_rate_gets_429_and_other_keys_are_unaffected(
+    redis_url: str, processes: Processes
+) -> None:
+    settings = {
+        "redis_url": redis_url,
+        "model": "noop",
+        "api_keys": "busy,calm",
+        "rate_limit_per_key": 1,
+        "rate_limit_burst": 3,
+    }
+    processes.start("worker", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    url = f"{gateway.base_url}/v1/embeddings"
+    busy = [
+        httpx.post(url, json={"input": "x"}, headers={"Authorization": "Bearer busy"})
+        for _ in range(5)
+    ]
+    assert [r.status_code for r in busy[:3]] == [200] * 3
+    limited = busy[3]
+    assert limited.status_code == 429
+    assert int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["type"] == "rate_limit_error"
+    calm = httpx.post(url, json={"input": "x"}, headers={"Authorization": "Bearer calm"})
+    assert calm.status_code == 200
