@@ -59,12 +59,19 @@ def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
 
 
 def _run(main: Any) -> None:
+    from common.store import StoreRefused
+
     try:
         import uvloop
     except ImportError:
-        asyncio.run(main)
+        runner = asyncio.run
     else:
-        uvloop.run(main)
+        runner = uvloop.run
+    try:
+        runner(main)
+    except StoreRefused as exc:
+        typer.echo(f"microbatch: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def _stop_on_signals(on_stop: Any) -> None:
@@ -109,11 +116,12 @@ def serve(
     setup_logging(settings.log_level, settings.log_format)
 
     async def main() -> None:
-        from common.store import close_store, open_store
+        from common.store import check_access, close_store, open_store
         from gateway.app import create_app
         from worker.main import run_worker
 
         store = open_store(settings)
+        await check_access(store)
         server = _uvicorn_server(settings, create_app(settings, store))
         worker_stop = asyncio.Event()
         _stop_on_signals(lambda: setattr(server, "should_exit", True))
@@ -139,10 +147,11 @@ def gateway(
     setup_logging(settings.log_level, settings.log_format)
 
     async def main() -> None:
-        from common.store import close_store, open_store
+        from common.store import check_access, close_store, open_store
         from gateway.app import create_app
 
         store = open_store(settings)
+        await check_access(store)
         server = _uvicorn_server(settings, create_app(settings, store))
         _stop_on_signals(lambda: setattr(server, "should_exit", True))
         try:

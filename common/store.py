@@ -12,7 +12,7 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -54,3 +54,26 @@ async def close_store(store: Store) -> None:
     await store.aclose()
     if isinstance(store, Redis):  # a client given a pool does not own it: close it too
         await store.connection_pool.disconnect()
+
+
+class StoreRefused(Exception):
+    """Redis answered but refused us (credentials, ACL): retrying will not help."""
+
+
+async def check_access(store: Store) -> None:
+    """Fail fast on a wrong or missing password or a user without rights.
+
+    An unreachable server passes: it may come up later, and every loop retries on its own.
+    """
+    if not isinstance(store, Redis):
+        return
+    try:
+        await store.ping()
+    except AuthenticationError as exc:
+        raise StoreRefused(f"Redis refused the credentials in the URL: {exc}") from None
+    except ResponseError as exc:
+        if "NOPERM" in str(exc) or "NOAUTH" in str(exc):
+            raise StoreRefused(f"Redis refused this user: {exc}") from None
+        raise
+    except (RedisConnectionError, RedisTimeoutError):
+        return

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from common import streams
 from common.protocol import ModelInfo, encode
 from common.settings import Settings
-from common.store import Store, close_store, open_store
+from common.store import Store, check_access, close_store, open_store
 from worker.consume import Consumer
 from worker.models import NOOP_MODEL, ModelFiles, describe
 from worker.recovery import EntryLimits
@@ -64,6 +64,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
     own_store = store is None
     store = open_store(settings) if store is None else store
     try:
+        await check_access(store)
         model = await asyncio.to_thread(load_model, settings)
         limits = EntryLimits(
             model=settings.model,

@@ -73,3 +73,61 @@ def test_a_key_over_its_rate_gets_429_and_other_keys_are_unaffected(
     assert limited.json()["error"]["type"] == "rate_limit_error"
     calm = httpx.post(url, json={"input": "x"}, headers={"Authorization": "Bearer calm"})
     assert calm.status_code == 200
+
+
+def test_a_password_protected_redis_works_and_a_wrong_password_fails_fast(
+    processes: Processes, tmp_path
+) -> None:
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    import redis as redis_client
+
+    admin = redis_client.Redis(port=server.port)
+    admin.config_set("requirepass", "s3cret")
+    good = f"redis://:s3cret@127.0.0.1:{server.port}/0"
+    bad = f"redis://:wrong@127.0.0.1:{server.port}/0"
+    for role in ("worker", "gateway"):
+        refused = processes.start(role, redis_url=bad, model="noop")
+        assert refused.wait(30) == 2
+        output = refused.output()
+        assert "refused the credentials" in output and "wrong" not in output
+    processes.start("worker", redis_url=good, model="noop")
+    gateway = processes.start("gateway", redis_url=good, model="noop")
+    wait_ready(gateway)
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 200
+    assert "s3cret" not in gateway.output()
+    server.kill()
+
+
+def test_the_readme_acl_user_serves_and_cannot_flush_or_configure(
+    processes: Processes, tmp_path
+) -> None:
+    import re
+
+    import redis as redis_client
+
+    from tests.conftest import ROOT
+
+    server = RedisServer(free_port(), tmp_path)
+    server.start()
+    readme = (ROOT / "README.md").read_text()
+    acl = re.search(r"^ACL SETUSER microbatch .*$", readme, re.M).group(0)
+    admin = redis_client.Redis(port=server.port)
+    admin.execute_command(*acl.split())
+    url = f"redis://microbatch:password@127.0.0.1:{server.port}/0"
+    processes.start("worker", redis_url=url, model="noop")
+    gateway = processes.start("gateway", redis_url=url, model="noop")
+    wait_ready(gateway)
+    r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
+    assert r.status_code == 200, r.text
+    limited = redis_client.Redis(port=server.port, username="microbatch", password="password")
+    for forbidden in (("FLUSHALL",), ("CONFIG", "GET", "maxmemory"), ("KEYS", "*")):
+        try:
+            limited.execute_command(*forbidden)
+        except redis_client.exceptions.NoPermissionError:
+            continue
+        raise AssertionError(f"{forbidden[0]} was allowed")
+    limited.close()
+    admin.close()
+    server.kill()
