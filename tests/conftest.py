@@ -6,6 +6,7 @@ clear failure, never a skip.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -175,6 +176,18 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path)
     yield procs
     procs.stop_all()
+
+
+async def fire(url: str, bodies: list[dict], headers: dict | None = None) -> list[httpx.Response]:
+    """POST every body to /v1/embeddings at once; the answers in order."""
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        return await asyncio.gather(
+            *(client.post("/v1/embeddings", json=b, headers=headers) for b in bodies)
+        )
+
+
+def texts(n: int, tag: str = "text") -> list[dict]:
+    return [{"input": f"{tag} {i}"} for i in range(n)]
 
 
 def wait_ready(proc: Proc, timeout: float = 120.0, models: int = 1) -> None:

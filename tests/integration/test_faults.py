@@ -14,22 +14,11 @@ from typer.testing import CliRunner
 
 from common.cli import app
 from common.protocol import EmbeddingResult, decode, encode, pack_vector
-from tests.conftest import Processes, free_port, wait_ready, wait_workers
+from tests.conftest import Processes, fire, free_port, texts, wait_ready, wait_workers
 from tests.integration.test_observability import sample
 
 POISON, BAD = 4242, 4343
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
-
-
-async def fire(url: str, bodies: list[dict], headers: dict | None = None) -> list[httpx.Response]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        return await asyncio.gather(
-            *(client.post("/v1/embeddings", json=b, headers=headers) for b in bodies)
-        )
-
-
-def texts(n: int, tag: str = "t") -> list[dict]:
-    return [{"input": f"{tag} {i}"} for i in range(n)]
 
 
 def worker_metrics(port: int) -> str:

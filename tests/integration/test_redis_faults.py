@@ -8,8 +8,7 @@ import time
 import httpx
 import redis
 
-from tests.conftest import Processes, RedisServer, free_port, wait_ready
-from tests.integration.test_faults import fire, texts
+from tests.conftest import Processes, RedisServer, fire, free_port, texts, wait_ready
 
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
 

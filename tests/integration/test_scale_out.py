@@ -8,17 +8,12 @@ import re
 import httpx
 import redis
 
-from tests.conftest import Processes, wait_ready, wait_workers
+from tests.conftest import Processes, fire, wait_ready, wait_workers
 
 
 def metric(text: str, name: str) -> float:
     match = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
     return float(match.group(1)) if match else 0.0
-
-
-async def fire(url: str, bodies: list[dict]) -> list[httpx.Response]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        return await asyncio.gather(*(client.post("/v1/embeddings", json=b) for b in bodies))
 
 
 def test_two_gateways_two_workers_every_reply_reaches_its_gateway(

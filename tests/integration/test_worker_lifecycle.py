@@ -12,14 +12,7 @@ import msgpack
 import redis
 
 from common.protocol import DeadLetter, decode
-from tests.conftest import Processes, wait_ready
-
-
-async def fire(url: str, n: int) -> list[httpx.Response]:
-    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-        return await asyncio.gather(
-            *(client.post("/v1/embeddings", json={"input": f"text {i}"}) for i in range(n))
-        )
+from tests.conftest import Processes, fire, texts, wait_ready
 
 
 def test_sigterm_drains_what_the_worker_holds_and_exits_zero(
@@ -31,7 +24,7 @@ def test_sigterm_drains_what_the_worker_holds_and_exits_zero(
     wait_ready(gateway)
 
     async def scenario() -> tuple[list[httpx.Response], int]:
-        requests = asyncio.create_task(fire(gateway.base_url, 16))
+        requests = asyncio.create_task(fire(gateway.base_url, texts(16)))
         await asyncio.sleep(0.5)  # the first batch is computing, the next one is held
         first.signal(signal.SIGTERM)
         code = await asyncio.to_thread(first.wait, 30)
@@ -97,7 +90,7 @@ def test_a_restarted_worker_first_serves_its_own_pending_entries(
     worker.wait(10)
 
     async def scenario() -> list[httpx.Response]:
-        requests = asyncio.create_task(fire(gateway.base_url, 3))
+        requests = asyncio.create_task(fire(gateway.base_url, texts(3)))
         # Play the dead worker: read the entries into worker-a's pending list, never ack.
         taken = 0
         while taken < 3:
@@ -130,7 +123,7 @@ def test_a_batch_slower_than_claim_idle_is_not_run_twice_by_its_own_worker(
         max_wait_ms=500,
     )
     wait_ready(serve)
-    responses = asyncio.run(fire(serve.base_url, 4))
+    responses = asyncio.run(fire(serve.base_url, texts(4)))
     assert [r.status_code for r in responses] == [200] * 4
     time.sleep(1.0)  # room for a wrong second run to show up
     text = httpx.get(f"{serve.base_url}/metrics").text
