@@ -35,7 +35,6 @@ class ReplyRouter:
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
-        self.healthy = False
 
     def expect(self, entry_id: str) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -64,9 +63,8 @@ class ReplyRouter:
                     )
                     last_trim = time.monotonic()
                     self._forget_old_answers()
-                self.healthy, backoff = True, 0.05
+                backoff = 0.05
             except RedisError as exc:
-                self.healthy = False
                 log.warning("reply read failed (%s); retrying in %.2fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

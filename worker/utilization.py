@@ -28,10 +28,6 @@ class Utilization:
         except Exception:  # no NVML library or no driver: fall back to process CPU
             self._nvml = None
 
-    @property
-    def source(self) -> str:
-        return "nvml" if self._nvml is not None else "process_cpu"
-
     def sample(self) -> float:
         if self._nvml is not None:
             return self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu / 100
