@@ -18,6 +18,7 @@ class BucketStatus:
     lag_from_redis: bool
     pending: int
     oldest_age_s: float | None
+    entries_read: int | None = None  # delivered to the group so far; None when Redis cannot say
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,9 @@ def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketSt
     """Lag falls back to depth - pending: entries are deleted on ack, so XLEN is exact."""
     lag = info.lag if info.lag is not None else max(0, info.length - info.pending)
     age = None if info.oldest_ms is None else max(0.0, (now_ms - info.oldest_ms) / 1000)
-    return BucketStatus(bucket, info.length, lag, info.lag is not None, info.pending, age)
+    return BucketStatus(
+        bucket, info.length, lag, info.lag is not None, info.pending, age, info.entries_read
+    )
 
 
 async def model_status(

@@ -217,6 +217,9 @@ class GroupInfo:
     pending: int  # delivered to a worker, not yet acked
     lag: int | None  # not yet delivered; None when Redis cannot say (after trims, old servers)
     oldest_ms: int | None  # id time of the oldest entry still in the stream
+    # XINFO GROUPS entries-read: a counter of entries delivered to the group (Redis 7+);
+    # None when the store cannot say (burner-redis, older servers, after some deletions).
+    entries_read: int | None = None
 
 
 async def group_info(store: Store, stream: str) -> GroupInfo:
@@ -232,8 +235,15 @@ async def group_info(store: Store, stream: str) -> GroupInfo:
     group = next((g for g in groups if _text(g["name"]) == GROUP), None)
     pending = int(group["pending"]) if group else 0
     lag = group.get("lag") if group else None
+    read = group.get("entries-read") if group else None
     oldest = int(_text(first[0][0]).split("-")[0]) if first else None
-    return GroupInfo(int(length), pending, None if lag is None else int(lag), oldest)
+    return GroupInfo(
+        int(length),
+        pending,
+        None if lag is None else int(lag),
+        oldest,
+        None if read is None else int(read),
+    )
 
 
 async def worker_beats(store: Store, keys: Keys, model: str) -> list[tuple[str, int]]:

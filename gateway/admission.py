@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MAX_RETRY_AFTER_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
     depth: int  # entries waiting or in progress for the model, as last measured
     live_workers: int
+    # Entries/s the model's workers take off its streams, measured under a backlog; None
+    # while nothing trustworthy has been measured (no backlog, or a store that cannot say).
+    service_rate_per_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.service_rate_per_s is not None and self.service_rate_per_s <= 0:
+            raise ValueError("a measured service rate is positive; report None when unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +30,12 @@ class Rejected:
     reason: str  # the `rejected_total{reason}` label
     message: str
     retry_after_s: float
+    code: str = "overloaded"  # the error body's `code`, which clients branch on
 
 
-def admit(state: QueueState, n_inputs: int, max_queue_depth: int) -> Admitted | Rejected:
+def admit(
+    state: QueueState, n_inputs: int, max_queue_depth: int, timeout_ms: int | None = None
+) -> Admitted | Rejected:
     """Refuse fast, with a retry hint, rather than queue work that will only time out."""
     if state.live_workers == 0:
         return Rejected("no_workers", "no live worker serves this model right now", 1.0)
@@ -33,4 +45,25 @@ def admit(state: QueueState, n_inputs: int, max_queue_depth: int) -> Admitted | 
             f"max_queue_depth {max_queue_depth}"
         )
         return Rejected("queue_full", message, 1.0)
+    if timeout_ms is not None and state.service_rate_per_s is not None:
+        return _feasible(state.depth, n_inputs, state.service_rate_per_s, timeout_ms)
     return Admitted()
+
+
+def _feasible(depth: int, n_inputs: int, rate_per_s: float, timeout_ms: int) -> Admitted | Rejected:
+    """Admit only if the backlog ahead, at the measured rate, drains before the deadline.
+
+    A request queued behind more work than its deadline allows would only die in the queue
+    (a 504 after the full wait, and an entry the worker must still skip); refusing it now
+    gives the client the answer and a retry hint while it can still act on them.
+    """
+    wait_s = (depth + n_inputs) / rate_per_s
+    if wait_s <= timeout_ms / 1000:
+        return Admitted()
+    excess_s = wait_s - timeout_ms / 1000  # how long until enough of the backlog has drained
+    message = (
+        f"queue for this model holds {depth} entries, served at {rate_per_s:.1f} entries/s: "
+        f"about {wait_s:.1f} s of waiting, past this request's {timeout_ms} ms deadline"
+    )
+    retry_after_s = min(MAX_RETRY_AFTER_S, max(1.0, excess_s))
+    return Rejected("deadline_infeasible", message, retry_after_s, code="deadline_infeasible")

@@ -191,13 +191,18 @@ async def _submit(
 ) -> list[EmbeddingResult]:
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
-        admission.QueueState(max(model.depth, gw.router.waiting), model.live_workers),
+        admission.QueueState(
+            max(model.depth, gw.router.waiting), model.live_workers, model.service_rate_per_s
+        ),
         len(token_lists),
         gw.settings.max_queue_depth,
+        timeout_ms,
     )
     if isinstance(decision, admission.Rejected):
         metrics.rejected_total.labels(decision.reason).inc()
-        raise Overloaded(decision.message, retry_after_s=decision.retry_after_s)
+        refused = Overloaded(decision.message, retry_after_s=decision.retry_after_s)
+        refused.code = decision.code
+        raise refused
     now_ms = int(time.time() * 1000)
     base = gw.next_id()
     reply_to = gw.router.stream

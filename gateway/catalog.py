@@ -1,8 +1,9 @@
 """The models this gateway can serve, read from the registry workers keep in Redis.
 
 Refreshed in the background: registered models, their tokenizers (loaded once per hash),
-live workers from the heartbeats, and queue state per bucket (which also sets the queue
-gauges), so the request path reads plain attributes and issues no extra Redis command.
+live workers from the heartbeats, queue state per bucket (which also sets the queue gauges)
+and each model's measured service rate, so the request path reads plain attributes and
+issues no extra Redis command.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
 from common import streams
 from common.protocol import ModelInfo, ProtocolError, decode
 from common.settings import Settings
-from common.status import export_gauges, model_status
+from common.status import ModelStatus, export_gauges, model_status
 from common.store import Store
 from gateway.tokenize import ModelTokenizer
 
@@ -31,6 +33,70 @@ class ModelEntry:
     tokenizer: ModelTokenizer
     live_workers: int = 0
     depth: int = 0  # waiting + in progress, all buckets
+    service_rate_per_s: float | None = None  # see ServiceRate; None when not trustworthy
+
+
+Counters = dict[int, int]  # bucket -> XINFO GROUPS entries-read of its stream
+
+
+@dataclass(slots=True)
+class ServiceRate:
+    """Entries/s a model's workers take off its streams, from XINFO GROUPS `entries-read`.
+
+    Only intervals with a backlog at both ends count: with nothing waiting, the delivery rate
+    is the arrival rate, not what the workers can do. The rate is the total delivered over
+    the last `window_s` of such intervals rather than a per-refresh EWMA, because workers
+    read a batch at a time: deliveries come in batch-sized jumps that a per-refresh average
+    would chase. It is reported only while a backlog waits and after `min_busy_s` of it.
+    """
+
+    window_s: float = 10.0
+    min_busy_s: float = 2.0
+    # the previous refresh: (monotonic s, counters, backlog)
+    _last: tuple[float, Counters, bool] | None = field(default=None, init=False)
+    # backlogged intervals in the window: (end monotonic s, seconds, entries delivered)
+    _busy: deque[tuple[float, float, int]] = field(default_factory=deque, init=False)
+
+    def observe(self, now_s: float, counters: Counters | None, backlog: bool) -> float | None:
+        """Record one refresh; the rate to trust now, or None."""
+        if not counters:  # the store cannot say (burner-redis, or Redis lost count)
+            self._last = None
+            self._busy.clear()
+            return None
+        last, self._last = self._last, (now_s, counters, backlog)
+        if last is not None and last[2] and backlog and now_s > last[0]:
+            delivered = _delivered(last[1], counters)
+            if delivered is not None:
+                self._busy.append((now_s, now_s - last[0], delivered))
+        while self._busy and self._busy[0][0] < now_s - self.window_s:
+            self._busy.popleft()
+        return self._rate() if backlog else None
+
+    def _rate(self) -> float | None:
+        seconds = sum(s for _, s, _ in self._busy)
+        entries = sum(n for _, _, n in self._busy)
+        if seconds < self.min_busy_s or entries == 0:
+            return None  # too little seen; or a batch longer than the window, not a zero rate
+        return entries / seconds
+
+
+def _delivered(then: Counters, now: Counters) -> int | None:
+    """Entries delivered between two refreshes, over the buckets counted at both."""
+    deltas = [now[b] - then[b] for b in now.keys() & then.keys()]
+    if any(d < 0 for d in deltas):
+        return None  # a counter went back: Redis lost its data, the interval says nothing
+    return sum(deltas)
+
+
+def _counters(state: ModelStatus) -> Counters | None:
+    """Each bucket's counter; a bucket Redis cannot count is fine only while it is empty."""
+    counters = {}
+    for b in state.buckets:
+        if b.entries_read is not None:
+            counters[b.bucket] = b.entries_read
+        elif b.depth > 0:
+            return None
+    return counters
 
 
 class Catalog:
@@ -43,6 +109,7 @@ class Catalog:
         self._tokenizers: dict[tuple[str, int, int], ModelTokenizer] = {}
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
+        self._rates: dict[str, ServiceRate] = {}
 
     async def refresh(self) -> None:
         async with self._lock:
@@ -83,7 +150,10 @@ class Catalog:
                 self._settings.worker_stale_ms,
             )
             statuses.append(state)
-            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth)
+            rate = self._rates.setdefault(name, ServiceRate()).observe(
+                time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
+            )
+            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)
         self.models = models
         export_gauges(statuses)
 

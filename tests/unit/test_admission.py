@@ -1,8 +1,13 @@
-"""Admission refuses fast, with a retry hint."""
+"""Admission refuses fast, with a retry hint; the service rate it trusts is measured fairly."""
 
 from __future__ import annotations
 
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from gateway.admission import Admitted, QueueState, Rejected, admit
+from gateway.catalog import ServiceRate
 
 
 def test_room_in_the_queue_admits() -> None:
@@ -21,3 +26,143 @@ def test_no_live_worker_rejects() -> None:
     decision = admit(QueueState(depth=0, live_workers=0), 1, 100)
     assert isinstance(decision, Rejected)
     assert decision.reason == "no_workers"
+
+
+def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission() -> None:
+    # 200 entries ahead at 20 entries/s is ten seconds of waiting; the deadline is one.
+    state = QueueState(depth=200, live_workers=1, service_rate_per_s=20.0)
+    decision = admit(state, 1, 4096, timeout_ms=1000)
+    assert isinstance(decision, Rejected)
+    assert (decision.reason, decision.code) == ("deadline_infeasible", "deadline_infeasible")
+    assert "200 entries" in decision.message
+    assert "20.0 entries/s" in decision.message
+    assert "1000 ms deadline" in decision.message
+
+
+def test_a_request_whose_deadline_covers_the_backlog_is_admitted() -> None:
+    state = QueueState(depth=200, live_workers=1, service_rate_per_s=20.0)
+    assert admit(state, 1, 4096, timeout_ms=30_000) == Admitted()
+
+
+def test_the_request_itself_counts_toward_the_wait() -> None:
+    # 19 ahead + 1 = exactly one second at 20/s: feasible; + 2 inputs is not.
+    state = QueueState(depth=19, live_workers=1, service_rate_per_s=20.0)
+    assert admit(state, 1, 4096, timeout_ms=1000) == Admitted()
+    assert isinstance(admit(state, 2, 4096, timeout_ms=1000), Rejected)
+
+
+def test_without_a_measured_rate_any_deadline_is_admitted() -> None:
+    state = QueueState(depth=4000, live_workers=1, service_rate_per_s=None)
+    assert admit(state, 1, 4096, timeout_ms=1) == Admitted()
+
+
+def test_retry_after_is_how_long_until_the_backlog_fits_the_deadline() -> None:
+    # 401 entries at 10/s is 40.1 s; a 10 s deadline fits once ~30 s of it has drained.
+    state = QueueState(depth=400, live_workers=1, service_rate_per_s=10.0)
+    decision = admit(state, 1, 4096, timeout_ms=10_000)
+    assert isinstance(decision, Rejected)
+    assert 30.0 <= decision.retry_after_s <= 30.2
+
+
+def test_retry_after_is_at_least_a_second_and_at_most_a_minute() -> None:
+    barely = admit(QueueState(21, 1, 20.0), 1, 4096, timeout_ms=1000)
+    hopeless = admit(QueueState(4000, 1, 1.0), 1, 4096, timeout_ms=1000)
+    assert isinstance(barely, Rejected) and barely.retry_after_s == 1.0
+    assert isinstance(hopeless, Rejected) and hopeless.retry_after_s == 60.0
+
+
+def test_a_full_queue_is_refused_before_the_deadline_is_even_considered() -> None:
+    decision = admit(QueueState(4096, 1, 1.0), 1, 4096, timeout_ms=1000)
+    assert isinstance(decision, Rejected)
+    assert (decision.reason, decision.code) == ("queue_full", "overloaded")
+
+
+def test_a_measured_rate_of_zero_is_a_bug_not_a_measurement() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        QueueState(depth=1, live_workers=1, service_rate_per_s=0.0)
+
+
+@given(
+    depth=st.integers(0, 10_000),
+    n_inputs=st.integers(1, 100),
+    rate=st.floats(0.01, 10_000),
+    timeout_ms=st.integers(1, 600_000),
+)
+def test_deadline_refusal_matches_the_wait_it_reports(
+    depth: int, n_inputs: int, rate: float, timeout_ms: int
+) -> None:
+    decision = admit(QueueState(depth, 1, rate), n_inputs, 10**9, timeout_ms=timeout_ms)
+    infeasible = (depth + n_inputs) / rate > timeout_ms / 1000
+    assert isinstance(decision, Rejected) == infeasible
+    if isinstance(decision, Rejected):
+        assert 1.0 <= decision.retry_after_s <= 60.0
+
+
+# ---- the service rate admission trusts (gateway.catalog.ServiceRate) ----------------------
+
+
+def test_the_service_rate_is_measured_only_across_a_backlog() -> None:
+    rate = ServiceRate(min_busy_s=2.0)
+    assert rate.observe(0.0, {128: 0}, backlog=True) is None
+    assert rate.observe(1.0, {128: 20}, backlog=True) is None  # one busy second is not enough
+    assert rate.observe(2.0, {128: 40}, backlog=True) == 20.0
+
+
+def test_without_a_backlog_deliveries_are_arrivals_and_give_no_rate() -> None:
+    rate = ServiceRate(min_busy_s=1.0)
+    readings = [rate.observe(float(t), {128: 5 * t}, backlog=False) for t in range(10)]
+    assert readings == [None] * 10
+
+
+def test_a_rate_measured_earlier_is_not_trusted_once_the_backlog_is_gone() -> None:
+    rate = ServiceRate(min_busy_s=1.0)
+    rate.observe(0.0, {128: 0}, backlog=True)
+    assert rate.observe(2.0, {128: 40}, backlog=True) == 20.0
+    assert rate.observe(3.0, {128: 45}, backlog=False) is None
+
+
+def test_deliveries_in_batch_sized_jumps_average_to_the_true_rate() -> None:
+    # A worker reads 16 entries every 0.8 s (20/s); the gateway looks every 0.25 s.
+    rate = ServiceRate(window_s=10.0, min_busy_s=2.0)
+    seen = None
+    for step in range(40):
+        now = step * 0.25
+        seen = rate.observe(now, {128: 16 * int(now / 0.8)}, backlog=True)
+    assert seen is not None and abs(seen - 20.0) < 2.0
+
+
+def test_a_store_that_cannot_count_reports_no_rate_and_forgets_the_window() -> None:
+    rate = ServiceRate(min_busy_s=1.0)
+    rate.observe(0.0, {128: 0}, backlog=True)
+    assert rate.observe(1.0, {128: 10}, backlog=True) == 10.0
+    assert rate.observe(2.0, None, backlog=True) is None
+    assert rate.observe(3.0, {128: 500}, backlog=True) is None  # a fresh start, not 490 in a second
+
+
+def test_a_counter_that_went_back_after_redis_lost_its_data_is_ignored() -> None:
+    rate = ServiceRate(min_busy_s=1.0)
+    rate.observe(0.0, {128: 1000}, backlog=True)
+    assert rate.observe(1.0, {128: 3}, backlog=True) is None
+    assert rate.observe(2.0, {128: 13}, backlog=True) == 10.0
+
+
+def test_old_intervals_leave_the_window_so_the_rate_follows_the_workers() -> None:
+    rate = ServiceRate(window_s=5.0, min_busy_s=1.0)
+    read = 0
+    for t in range(10):  # 10/s, then a second worker joins: 30/s
+        read += 10 if t < 5 else 30
+        rate.observe(float(t), {128: read}, backlog=True)
+    assert rate.observe(10.0, {128: read + 30}, backlog=True) == 30.0
+
+
+def test_a_batch_longer_than_the_window_is_not_a_zero_rate() -> None:
+    rate = ServiceRate(window_s=5.0, min_busy_s=1.0)
+    assert [rate.observe(float(t), {128: 16}, backlog=True) for t in range(6)] == [None] * 6
+
+
+def test_a_bucket_first_counted_mid_run_adds_only_what_it_delivers_from_then_on() -> None:
+    # Redis counts a bucket's deliveries only once something was read from it.
+    rate = ServiceRate(min_busy_s=1.0)
+    rate.observe(0.0, {128: 0}, backlog=True)
+    assert rate.observe(1.0, {128: 10, 256: 500}, backlog=True) == 10.0
+    assert rate.observe(2.0, {128: 20, 256: 505}, backlog=True) == 12.5
