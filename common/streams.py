@@ -114,11 +114,18 @@ async def autoclaim(
     return _text(cursor), _entries(stream, items), deleted
 
 
+def _id_order(entry_id: str) -> tuple[int, int]:
+    """Stream ids order by number: as text, `5-10` would sort before `5-9`."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
 async def delivery_counts(store: Store, stream: str, ids: Sequence[str]) -> dict[str, int]:
     """How often each pending id was delivered (XPENDING range), for dead-lettering."""
     if not ids:
         return {}
-    rows = await store.xpending_range(stream, GROUP, min=min(ids), max=max(ids), count=len(ids) * 4)
+    first, last = min(ids, key=_id_order), max(ids, key=_id_order)
+    rows = await store.xpending_range(stream, GROUP, min=first, max=last, count=len(ids) * 4)
     wanted = set(ids)
     counts = {}
     for row in rows:
