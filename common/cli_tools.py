@@ -289,11 +289,35 @@ def tune(
     asyncio.run(_set_live(settings, final))
 
 
+def tiny_model(
+    path: Annotated[Path, typer.Argument(help="Folder to write the model into")],
+    layers: int = 2,
+    hidden: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    vocab_size: int = 512,
+    max_positions: int = 1024,
+    seed: int = 0,
+) -> None:
+    """Write a small random-weight Llama causal LM (safetensors + tokenizer), fixed seed.
+
+    The SmolLM2-135M shape: --layers 30 --hidden 576 --heads 9 --kv-heads 3
+    --intermediate 1536 --vocab-size 49152 --max-positions 2048.
+    """
+    from worker.tiny_model import TinyShape, write_tiny_model
+
+    shape = TinyShape(layers, hidden, heads, kv_heads, intermediate, vocab_size, max_positions)
+    write_tiny_model(path, shape, seed)
+    typer.echo(f"wrote a random-weight causal LM to {path}: serve it with --model {path}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to the one typer app."""
     app.command(context_settings=EXTRA)(status)
     app.command()(bench)
     app.command(context_settings=EXTRA)(tune)
+    app.command("tiny-model")(tiny_model)
 
 
 def settings_from_context(ctx: typer.Context, **named: Any) -> Any:

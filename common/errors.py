@@ -2,7 +2,8 @@
 
     MicrobatchError
     ├── InvalidRequest         400  a field is wrong (param names it)
-    │   └── InputTooLong       413  over the token or body limit (message gives both numbers)
+    │   ├── InputTooLong       413  over the token or body limit (message gives both numbers)
+    │   └── ContextLengthExceeded 400  prompt + max_tokens over the model's context (says both)
     ├── Unauthorized           401  missing or wrong API key
     ├── ModelNotFound          404  no worker has registered that model
     ├── RateLimited            429  this API key is over its rate (Retry-After)
@@ -49,6 +50,10 @@ class InvalidRequest(MicrobatchError):
 
 class InputTooLong(InvalidRequest):
     status, code = 413, "input_too_long"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    code = "context_length_exceeded"
 
 
 class Unauthorized(MicrobatchError):

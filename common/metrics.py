@@ -76,3 +76,33 @@ workers = Gauge("microbatch_workers", "Workers whose consume loop beat recently"
 device_utilization = Gauge(
     "microbatch_device_utilization", "Share of the device busy: GPU via NVML, else process CPU"
 )
+cancelled_total = Counter(
+    "microbatch_cancelled_total",
+    "Entries dropped by a worker because their client left or their deadline passed",
+)
+
+# Generation
+generated_tokens_total = Counter("microbatch_generated_tokens_total", "Tokens generated", ["model"])
+time_to_first_token_seconds = Histogram(
+    "microbatch_time_to_first_token_seconds",
+    "Enqueue to the first generated token",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+inter_token_seconds = Histogram(
+    "microbatch_inter_token_seconds",
+    "Time between two tokens of one sequence",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+)
+running_sequences = Gauge(
+    "microbatch_running_sequences", "Sequences in the running batch", ["model"]
+)
+kv_cache_usage_ratio = Gauge(
+    "microbatch_kv_cache_usage_ratio",
+    "Padded KV cache positions in use over the kv_cache_tokens budget",
+    ["model"],
+)
+preemptions_total = Counter(
+    "microbatch_preemptions_total", "Sequences paused to stay within the KV budget", ["model"]
+)

@@ -22,6 +22,7 @@ PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
 
 Kind = Literal["embed"]
+MAX_STOP_SEQUENCES = 4
 
 
 class ProtocolError(ValueError):
@@ -47,6 +48,60 @@ class RequestEntry:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens) // 4
+
+    def token_ids(self) -> np.ndarray:
+        return np.frombuffer(self.tokens, dtype="<u4")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateEntry:
+    """One prompt of a completion request, queued on its model's bucket stream by length."""
+
+    TAG: ClassVar[str] = "genreq"
+    id: str
+    request_id: str
+    model: str
+    tokens: bytes  # the prompt, uint32 little-endian
+    deadline_ms: int
+    priority: int
+    reply_to: str
+    enqueued_ms: int
+    max_tokens: int  # new tokens at most
+    temperature: float  # 0 = greedy
+    top_p: float
+    seed: int  # -1 = unseeded
+    stop: list[str]  # stop sequences, at most MAX_STOP_SEQUENCES
+    stream: bool  # send a chunk per step, or one final answer
+    v: int = VERSION
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // 4
+
+    def token_ids(self) -> np.ndarray:
+        return np.frombuffer(self.tokens, dtype="<u4")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerationChunk:
+    """New text of one generating sequence; the last chunk of an attempt has `finish_reason`.
+
+    `attempt` names one worker's run of the entry: after a crash a peer starts over under a
+    new attempt, which tells the gateway that text it already streamed would be repeated.
+    """
+
+    TAG: ClassVar[str] = "gen"
+    id: str
+    attempt: str
+    index: int  # chunk number within the attempt, from 0
+    text: str
+    tokens: bytes  # the token ids this chunk adds, uint32 little-endian
+    finish_reason: str  # "" while generating, else "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int  # generated so far, this chunk included
+    queue_ms: float  # enqueue to first scheduling
+    worker: str
+    v: int = VERSION
 
     def token_ids(self) -> np.ndarray:
         return np.frombuffer(self.tokens, dtype="<u4")
@@ -114,19 +169,49 @@ class ModelInfo:
     v: int = VERSION
 
 
-Message = RequestEntry | EmbeddingResult | ErrorReply | DeadLetter | ModelInfo
+Message = (
+    RequestEntry
+    | GenerateEntry
+    | GenerationChunk
+    | EmbeddingResult
+    | ErrorReply
+    | DeadLetter
+    | ModelInfo
+)
 _CLASSES: dict[str, type[Message]] = {
-    cls.TAG: cls for cls in (RequestEntry, EmbeddingResult, ErrorReply, DeadLetter, ModelInfo)
+    cls.TAG: cls
+    for cls in (
+        RequestEntry,
+        GenerateEntry,
+        GenerationChunk,
+        EmbeddingResult,
+        ErrorReply,
+        DeadLetter,
+        ModelInfo,
+    )
 }
 
 
 def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """isinstance() targets per field; a `list[str]` field is checked as list, then its items."""
     hints = typing.get_type_hints(cls)
     allowed: dict[str, tuple[type, ...]] = {}
     for field in dataclasses.fields(cls):
         hint = hints[field.name]
-        allowed[field.name] = (float, int) if hint is float else (hint,)
+        if hint is float:
+            allowed[field.name] = (float, int)
+        elif typing.get_origin(hint) is list:
+            allowed[field.name] = (list,)
+        else:
+            allowed[field.name] = (hint,)
     return allowed
+
+
+def _check_field(tag: str, name: str, value: object, allowed: tuple[type, ...]) -> None:
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+    if isinstance(value, list) and not all(isinstance(item, str) for item in value):
+        raise ProtocolError(f"{tag}.{name}: items must be strings")
 
 
 _SCHEMAS = {tag: _field_types(cls) for tag, cls in _CLASSES.items()}
@@ -152,7 +237,7 @@ def decode(data: bytes) -> Message:
             strict_map_key=True,
             max_str_len=MAX_MESSAGE_BYTES,
             max_bin_len=MAX_MESSAGE_BYTES,
-            max_array_len=0,  # messages are flat: no arrays at all
+            max_array_len=MAX_STOP_SEQUENCES,  # flat maps; the only arrays are stop lists
             max_map_len=32,
             max_ext_len=0,
         )
@@ -176,10 +261,11 @@ def _build(body: object) -> Message:
         missing, extra = schema.keys() - body.keys(), body.keys() - schema.keys()
         raise ProtocolError(f"{tag}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
     for name, value in body.items():
-        if not isinstance(value, schema[name]) or isinstance(value, bool):
-            raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+        _check_field(tag, name, value, schema[name])
     message = cls(**body)
-    if isinstance(message, RequestEntry) and (not message.tokens or len(message.tokens) % 4):
+    if isinstance(message, RequestEntry | GenerateEntry) and (
+        not message.tokens or len(message.tokens) % 4
+    ):
         raise ProtocolError(f"req.tokens: {len(message.tokens)} bytes is not a uint32 list")
     return message
 

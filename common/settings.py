@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
     torch_threads: int | None = Field(default=None, gt=0)
     device: str = "cpu"
+    # Generation (causal LMs): continuous batching limits
+    max_running_seqs: int = Field(default=32, gt=0)  # sequences decoding together
+    max_step_tokens: int = Field(default=2048, gt=0)  # prefill + decode tokens in one step
+    kv_cache_tokens: int = Field(default=32_768, gt=0)  # padded KV positions, all sequences
+    cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
     noop_dim: int = Field(default=384, gt=0)
     noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
     # Fault-test seams of the noop model: a row with this token fails; a batch with it crashes.

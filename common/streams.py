@@ -5,6 +5,7 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{model}:dead            dead letters
     mb:{model}:workers         sorted set: consumer name -> last consume-loop beat (ms)
     mb:{model}:batching        hash: live batching overrides workers apply within a beat
+    mb:{model}:cancel          sorted set: entry id -> until (ms) for requests nobody awaits
     mb:reply:<gateway id>      replies for one gateway process
     mb:models                  hash: model name -> ModelInfo
     mb:tokenizer:<sha256>      a registered tokenizer's JSON
@@ -48,6 +49,9 @@ class Keys:
 
     def batching(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:batching"
+
+    def cancel(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:cancel"
 
     def tokenizer(self, sha256: str) -> str:
         return f"{self.prefix}:tokenizer:{sha256}"
@@ -285,3 +289,18 @@ async def renew_leases(store: Store, stream: str, consumer: str, ids: Sequence[s
     """
     if ids:
         await store.xclaim(stream, GROUP, consumer, 0, list(ids), idle=0, justid=True)
+
+
+async def cancel(store: Store, keys: Keys, model: str, ids: Sequence[str], until_ms: int) -> None:
+    """Tell workers nobody waits for these entries any more (client gone, deadline passed)."""
+    if ids:
+        await store.zadd(keys.cancel(model), dict.fromkeys(ids, until_ms))
+
+
+async def cancelled(store: Store, keys: Keys, model: str, now_ms: int) -> set[str]:
+    """Entry ids cancelled and not yet expired; forgets the expired ones."""
+    pipe = pipeline(store)
+    pipe.zremrangebyscore(keys.cancel(model), 0, now_ms)
+    pipe.zrangebyscore(keys.cancel(model), now_ms, "+inf")
+    _, ids = await pipe.execute()
+    return {_text(i) for i in ids or []}

@@ -28,7 +28,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from common import metrics, streams
 from common.buckets import bucket_for
 from common.errors import (
-    DeadlineExceeded,
     InvalidRequest,
     MicrobatchError,
     ModelNotFound,
@@ -56,6 +55,7 @@ from gateway.limits import BodyLimitMiddleware
 from gateway.replies import ReplyRouter
 from gateway.schemas import EmbeddingRequest
 from gateway.tokenize import TokenizePool
+from gateway.waiting import Canceller, ClientGone, await_replies
 
 log = logging.getLogger("microbatch.gateway")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
@@ -85,6 +85,7 @@ class Gateway:
             ttl_s=max(60, 2 * settings.request_timeout_ms // 1000),
         )
         self.enqueuer = Enqueuer(store)
+        self.canceller = Canceller(store, self.keys)
         self.tokenize = TokenizePool(settings.inline_tokenize_chars)
         self.limiter = (
             RateLimiter(settings.rate_limit_per_key, settings.rate_limit_burst)
@@ -105,6 +106,16 @@ class Gateway:
             self.router.fail_all(ServiceUnavailable("gateway reply reader died", retry_after_s=1.0))
 
 
+def authorize(gw: Gateway, request: Request) -> None:
+    """The API key (when keys are set), then its rate limit: 401 or 429 with Retry-After."""
+    key = check_api_key(request.headers.get("authorization"), gw.settings.api_keys)
+    if gw.limiter is not None and key is not None:
+        wait_s = gw.limiter.acquire(key, time.monotonic())
+        if wait_s > 0:
+            metrics.rejected_total.labels("rate_limited").inc()
+            raise RateLimited("rate limit for this API key exceeded", retry_after_s=wait_s)
+
+
 def error_response(exc: MicrobatchError, request_id: str | None) -> Response:
     headers = {"X-Request-ID": request_id} if request_id else {}
     if exc.retry_after_s is not None:
@@ -114,7 +125,7 @@ def error_response(exc: MicrobatchError, request_id: str | None) -> Response:
     return Response(orjson.dumps(exc.body()), exc.status, headers, media_type="application/json")
 
 
-def _validation_error(exc: ValidationError | RequestValidationError) -> InvalidRequest:
+def validation_error(exc: ValidationError | RequestValidationError) -> InvalidRequest:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid body", "type": ""}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
@@ -127,7 +138,7 @@ def _validation_error(exc: ValidationError | RequestValidationError) -> InvalidR
     return err
 
 
-def _request_id(request: Request) -> str:
+def request_id_of(request: Request) -> str:
     given = request.headers.get("x-request-id")
     if given is None:
         return os.urandom(12).hex()
@@ -136,7 +147,7 @@ def _request_id(request: Request) -> str:
     return given
 
 
-def _timeout_ms(request: Request, default_ms: int) -> int:
+def timeout_ms_of(request: Request, default_ms: int) -> int:
     raw = request.headers.get("x-microbatch-timeout-ms")
     if raw is None:
         return default_ms
@@ -145,14 +156,14 @@ def _timeout_ms(request: Request, default_ms: int) -> int:
     return int(raw)
 
 
-def _priority(request: Request) -> int:
+def priority_of(request: Request) -> int:
     raw = request.headers.get("x-microbatch-priority", "batch").lower()
     if raw not in ("batch", "interactive"):
         raise InvalidRequest("X-Microbatch-Priority must be 'interactive' or 'batch'")
     return PRIORITY_INTERACTIVE if raw == "interactive" else PRIORITY_BATCH
 
 
-async def _model(gw: Gateway, name: str) -> ModelEntry:
+async def model_entry(gw: Gateway, name: str) -> ModelEntry:
     entry = gw.catalog.models.get(name)
     if entry is None:
         await gw.catalog.refresh_soon()
@@ -181,20 +192,14 @@ async def _token_lists(gw: Gateway, model: ModelEntry, req: EmbeddingRequest) ->
     return model.tokenizer.check_token_lists(lists, req.truncate)
 
 
-async def _submit(
-    gw: Gateway,
-    model: ModelEntry,
-    token_lists: list[np.ndarray],
-    timeout_ms: int,
-    priority: int,
-    request_id: str,
-) -> list[EmbeddingResult]:
+def admit_or_refuse(gw: Gateway, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:
+    """Raise Overloaded (503, Retry-After) unless `n_inputs` more entries may be queued."""
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
         admission.QueueState(
             max(model.depth, gw.router.waiting), model.live_workers, model.service_rate_per_s
         ),
-        len(token_lists),
+        n_inputs,
         gw.settings.max_queue_depth,
         timeout_ms,
     )
@@ -203,6 +208,18 @@ async def _submit(
         refused = Overloaded(decision.message, retry_after_s=decision.retry_after_s)
         refused.code = decision.code
         raise refused
+
+
+async def _submit(
+    gw: Gateway,
+    request: Request,
+    model: ModelEntry,
+    token_lists: list[np.ndarray],
+    timeout_ms: int,
+    priority: int,
+    request_id: str,
+) -> list[EmbeddingResult]:
+    admit_or_refuse(gw, model, len(token_lists), timeout_ms)
     now_ms = int(time.time() * 1000)
     base = gw.next_id()
     reply_to = gw.router.stream
@@ -225,9 +242,10 @@ async def _submit(
     futures = [gw.router.expect(i) for i in ids]
     try:
         await gw.enqueuer.add(items)
-        replies = await asyncio.wait_for(asyncio.gather(*futures), timeout_ms / 1000)
-    except TimeoutError:
-        raise DeadlineExceeded(f"no answer within {timeout_ms} ms") from None
+        replies = await await_replies(request, futures, timeout_ms)
+    except ClientGone:
+        gw.canceller.cancel(model.info.name, ids, now_ms + timeout_ms)
+        raise
     finally:
         gw.router.forget(ids)
     for reply in replies:
@@ -276,29 +294,30 @@ async def embeddings(request: Request) -> Response:
     metrics.inflight_requests.inc()
     label, request_id, status = "unknown", None, 500
     try:
-        request_id = _request_id(request)
-        key = check_api_key(request.headers.get("authorization"), gw.settings.api_keys)
-        if gw.limiter is not None and key is not None:
-            wait_s = gw.limiter.acquire(key, time.monotonic())
-            if wait_s > 0:
-                metrics.rejected_total.labels("rate_limited").inc()
-                raise RateLimited("rate limit for this API key exceeded", retry_after_s=wait_s)
+        request_id = request_id_of(request)
+        authorize(gw, request)
         try:
             req = EmbeddingRequest.model_validate_json(await request.body())
         except ValidationError as exc:
-            raise _validation_error(exc) from None
+            raise validation_error(exc) from None
         name = req.model or gw.settings.model
-        model = await _model(gw, name)
+        model = await model_entry(gw, name)
         label = name
+        if model.info.kind != "embedding":
+            raise InvalidRequest(
+                f"model {name!r} is a {model.info.kind} model; use /v1/completions",
+                param="model",
+            )
         if req.dimensions is not None and req.dimensions != model.info.dim:
             raise InvalidRequest(
                 f"dimensions {req.dimensions} is not supported; {name} gives {model.info.dim}",
                 param="dimensions",
             )
-        timeout_ms = _timeout_ms(request, gw.settings.request_timeout_ms)
-        priority = _priority(request)
+        timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
         token_lists = await _token_lists(gw, model, req)
-        replies = await _submit(gw, model, token_lists, timeout_ms, priority, request_id)
+        replies = await _submit(
+            gw, request, model, token_lists, timeout_ms, priority_of(request), request_id
+        )
         status = 200
         body = _embedding_body(req, name, replies)
         return Response(
@@ -341,6 +360,15 @@ def _models_body(gw: Gateway) -> dict:
 
 
 def _install_routes(app: FastAPI) -> None:
+    from gateway.completions import COMPLETIONS_SCHEMA, completions
+
+    app.add_api_route(
+        "/v1/completions",
+        completions,
+        methods=["POST"],
+        openapi_extra=COMPLETIONS_SCHEMA,
+        summary="Create completions (OpenAI-compatible; stream: true for SSE)",
+    )
     app.add_api_route(
         "/v1/embeddings",
         embeddings,
@@ -390,7 +418,7 @@ def _install_routes(app: FastAPI) -> None:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Response:
-        return error_response(_validation_error(exc), request.headers.get("x-request-id"))
+        return error_response(validation_error(exc), request.headers.get("x-request-id"))
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> Response:

@@ -3,6 +3,8 @@
 Waiting is cancelled on the future, never on a Redis command: the reader task alone talks
 to the reply stream, so a cancelled request can never leave a reply unread on a connection.
 The first reply for an id wins; later ones (redelivery after a worker crash) are counted.
+A streamed generation instead gets a queue that receives every chunk for its id, in order,
+until a final chunk or an error; its reader decides what a chunk from a new attempt means.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import time
 from redis.exceptions import RedisError
 
 from common import metrics, streams
-from common.protocol import EmbeddingResult, ErrorReply, ProtocolError, decode
+from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk, ProtocolError, decode
 from common.store import Store
 
 log = logging.getLogger("microbatch.gateway")
 
-Reply = EmbeddingResult | ErrorReply
+Reply = EmbeddingResult | GenerationChunk | ErrorReply
 TRIM_EVERY_S = 5.0
 
 
@@ -33,6 +35,7 @@ class ReplyRouter:
         self._maxlen = maxlen
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
+        self._streams: dict[str, asyncio.Queue[Reply | Exception]] = {}
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
 
@@ -41,13 +44,18 @@ class ReplyRouter:
         self._waiting[entry_id] = future
         return future
 
+    def expect_stream(self, entry_id: str, queue: asyncio.Queue[Reply | Exception]) -> None:
+        """Deliver every reply for `entry_id` into `queue` (one queue may serve many ids)."""
+        self._streams[entry_id] = queue
+
     def forget(self, entry_ids: list[str]) -> None:
         for entry_id in entry_ids:
             self._waiting.pop(entry_id, None)
+            self._streams.pop(entry_id, None)
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + len(self._streams)
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.05
@@ -79,8 +87,12 @@ class ReplyRouter:
         except ProtocolError as exc:
             log.error("dropping malformed reply: %s", exc)
             return
-        if not isinstance(reply, EmbeddingResult | ErrorReply):
+        if not isinstance(reply, EmbeddingResult | GenerationChunk | ErrorReply):
             log.error("dropping unexpected %s on the reply stream", type(reply).__name__)
+            return
+        stream = self._streams.get(reply.id)
+        if stream is not None:
+            stream.put_nowait(reply)
             return
         future = self._waiting.pop(reply.id, None)
         if future is None:
@@ -99,8 +111,16 @@ class ReplyRouter:
                 break
             del self._answered[oldest]
 
+    def answered(self, entry_id: str) -> None:
+        """A stream's reader got its final chunk: later chunks for the id are duplicates."""
+        self._streams.pop(entry_id, None)
+        self._answered[entry_id] = time.monotonic()
+
     def fail_all(self, exc: Exception) -> None:
         for future in self._waiting.values():
             if not future.done():
                 future.set_exception(exc)
         self._waiting.clear()
+        for queue in {id(q): q for q in self._streams.values()}.values():
+            queue.put_nowait(exc)
+        self._streams.clear()

@@ -27,7 +27,11 @@ class ModelTokenizer:
         self._truncating.no_padding()
         self._truncating.enable_truncation(max_length=max_tokens)
 
-    def encode_texts(self, texts: Sequence[str], truncate: bool) -> list[np.ndarray]:
+    def encode_texts(
+        self, texts: Sequence[str], truncate: bool, check: bool = True
+    ) -> list[np.ndarray]:
+        """Token ids per text; `check` refuses one over the limit (a prompt is checked by its
+        caller against the context, together with the tokens it asks for)."""
         for i, text in enumerate(texts):
             if not text:
                 raise InvalidRequest(f"input[{i}] is an empty string", param=f"input[{i}]")
@@ -38,10 +42,13 @@ class ModelTokenizer:
             else [tokenizer.encode(texts[0])]
         )
         out = [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
-        self._check_lengths(out)
+        if check:
+            self._check_lengths(out)
         return out
 
-    def check_token_lists(self, lists: Sequence[Sequence[int]], truncate: bool) -> list[np.ndarray]:
+    def check_token_lists(
+        self, lists: Sequence[Sequence[int]], truncate: bool, check: bool = True
+    ) -> list[np.ndarray]:
         out = []
         for i, ids in enumerate(lists):
             if not ids:
@@ -54,7 +61,8 @@ class ModelTokenizer:
                     param=f"input[{i}]",
                 )
             out.append(array)
-        self._check_lengths(out)
+        if check:
+            self._check_lengths(out)
         return out
 
     def _check_lengths(self, encoded: list[np.ndarray]) -> None:
@@ -75,12 +83,14 @@ class TokenizePool:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
 
     async def encode(
-        self, tokenizer: ModelTokenizer, texts: Sequence[str], truncate: bool
+        self, tokenizer: ModelTokenizer, texts: Sequence[str], truncate: bool, check: bool = True
     ) -> list[np.ndarray]:
         if sum(len(t) for t in texts) <= self._inline_chars:
-            return tokenizer.encode_texts(texts, truncate)
+            return tokenizer.encode_texts(texts, truncate, check)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, tokenizer.encode_texts, texts, truncate)
+        return await loop.run_in_executor(
+            self._executor, tokenizer.encode_texts, texts, truncate, check
+        )
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -26,7 +26,6 @@ from common.protocol import (
     DeadLetter,
     EmbeddingResult,
     ErrorReply,
-    RequestEntry,
     encode,
     pack_vector,
 )
@@ -45,7 +44,7 @@ log = logging.getLogger("microbatch.worker")
 class Held:
     """An entry this worker has read and not yet answered."""
 
-    entry: RequestEntry
+    entry: recovery.Entry
     stream: str
     entry_id: str
     arrived_s: float
@@ -61,7 +60,7 @@ class Consumer:
         self,
         settings: Settings,
         store: Store,
-        runner: Runner,
+        runner: Runner | None,  # None on a generation worker, which runs no embedding batch
         limits: recovery.EntryLimits,
         name: str,
         register: Callable[[], Awaitable[None]],
@@ -96,11 +95,12 @@ class Consumer:
             self._streams,
             claim_idle_ms=settings.claim_idle_ms,
             accept=self._accept,
-            room=lambda: self._batch_limits.max_batch_size - self.held,
+            room=self._room,
             owned=self._owned,
             hung=self.hung,
         )
         self.batches_run = 0
+        self._cancelled: set[str] = set()  # entry ids whose clients stopped waiting
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
@@ -111,6 +111,13 @@ class Consumer:
     def held(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def _room(self) -> int:
+        """How many more entries the reader may take: one batch's worth is held at most."""
+        return self._batch_limits.max_batch_size - self.held
+
+    def _hold(self, held: Held) -> None:
+        self._queues[held.bucket][next(self._seq)] = held
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -119,10 +126,11 @@ class Consumer:
         await self._reclaimer.drain_own_pending()
         reader = asyncio.create_task(self._read_loop(stop), name="reader")
         reclaimer = asyncio.create_task(self._reclaimer.run(stop), name="reclaimer")
+        watcher = asyncio.create_task(self._watch_cancellations(stop), name="cancellations")
         try:
             await self._schedule_loop(stop, reader)
         finally:
-            await asyncio.gather(reader, reclaimer, return_exceptions=True)
+            await asyncio.gather(reader, reclaimer, watcher, return_exceptions=True)
             if self._publishing:
                 await asyncio.gather(*self._publishing, return_exceptions=True)
             self._executor.shutdown(wait=True)
@@ -156,7 +164,7 @@ class Consumer:
         block_ms = self._settings.read_block_ms
         while not stop.is_set():
             await self._beat_if_due()
-            room = self._batch_limits.max_batch_size - self.held
+            room = self._room()
             if room <= 0:
                 await self._wait_changed(self._settings.heartbeat_interval_ms / 1000)
                 continue
@@ -253,11 +261,10 @@ class Consumer:
             decision = recovery.decide(item.payload, count, now_ms, self._entry_limits)
             if isinstance(decision, recovery.Process):
                 entry = decision.entry
+                # Prompts past the largest bucket share it; embedding inputs never get there.
                 bucket = bucket_for(entry.n_tokens, self._settings.buckets)
-                if bucket is None:
-                    raise RuntimeError("decide() let an over-long entry through: this is a bug")
-                held = Held(entry, item.stream, item.entry_id, self._clock(), bucket)
-                self._queues[held.bucket][next(self._seq)] = held
+                bucket = self._settings.buckets[-1] if bucket is None else bucket
+                self._hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
                 self._owned.add((item.stream, item.entry_id))
                 continue
             done.append((item.stream, item.entry_id))
@@ -296,7 +303,7 @@ class Consumer:
             replies.append(self._error(decision.entry, 500, "dead_lettered", decision.reason))
 
     def _error(
-        self, entry: RequestEntry, status: int, code: str, message: str
+        self, entry: recovery.Entry, status: int, code: str, message: str
     ) -> tuple[str, bytes]:
         kind = "invalid_request_error" if status < 500 else "server_error"
         if status == 504:
@@ -305,6 +312,39 @@ class Consumer:
             id=entry.id, status=status, type=kind, code=code, message=message, worker=self.name
         )
         return entry.reply_to, encode(reply)
+
+    # ---- cancellation ----------------------------------------------------------------------
+
+    async def _watch_cancellations(self, stop: asyncio.Event) -> None:
+        """Poll the model's cancel set: entries whose clients left or whose deadline passed."""
+        period_s = self._settings.cancel_poll_ms / 1000
+        while not stop.is_set():
+            try:
+                ids = await streams.cancelled(self._store, self._keys, self._model, _wall_ms())
+            except RedisError as exc:
+                log.warning("reading cancellations failed: %s", exc)
+                ids = set()
+            if ids - self._cancelled:
+                self._changed.set()
+            self._cancelled = ids
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+
+    async def _drop_cancelled(self) -> None:
+        """Ack held entries nobody waits for, without computing them."""
+        dropped = [
+            (bucket, key)
+            for bucket, queue in self._queues.items()
+            for key, held in queue.items()
+            if held.entry.id in self._cancelled
+        ]
+        if not dropped:
+            return
+        done = [
+            (held.stream, held.entry_id) for held in (self._queues[b].pop(k) for b, k in dropped)
+        ]
+        metrics.cancelled_total.inc(len(done))
+        await self._publish([], done)
 
     # ---- scheduling ------------------------------------------------------------------------
 
@@ -322,6 +362,8 @@ class Consumer:
         while True:
             draining = stop.is_set()
             limits = drain if draining else self._batch_limits
+            if self._cancelled:
+                await self._drop_cancelled()
             decision = next_batch(self._snapshot(), self._clock(), limits)
             if isinstance(decision, Batch):
                 await self._run_batch(decision)
@@ -343,6 +385,8 @@ class Consumer:
         t0 = time.perf_counter()
         rows = [h.entry.token_ids() for h in members]
         loop = asyncio.get_running_loop()
+        if self._runner is None:
+            raise RuntimeError("an embedding batch reached a worker without a runner: a bug")
         self._batch_started_s = self._clock()
         try:
             results = await loop.run_in_executor(self._executor, self._runner.embed, rows)

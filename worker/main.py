@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common import streams
 from common.protocol import ModelInfo, encode
@@ -15,19 +16,30 @@ from worker.models import NOOP_MODEL, ModelFiles, describe
 from worker.recovery import EntryLimits
 from worker.runner import NoopRunner, Runner, TorchRunner
 
+if TYPE_CHECKING:
+    from worker.engine import GenerationEngine
+
 log = logging.getLogger("microbatch.worker")
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     files: ModelFiles
-    runner: Runner
-    max_tokens: int  # the model's limit capped by the largest bucket
+    runner: Runner | GenerationEngine
+    max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
+    kind: str = "embedding"  # or "causal-lm"
 
 
 def load_model(settings: Settings) -> LoadedModel:
     """Blocking: reads files and weights. Call it off the event loop."""
     files = describe(settings.model)
+    if files.causal_lm and settings.model != NOOP_MODEL:
+        from worker.engine import GenerationEngine
+
+        engine = GenerationEngine(
+            files.path, device=settings.device, threads=settings.torch_threads
+        )
+        return LoadedModel(files, engine, engine.context, "causal-lm")
     if settings.model == NOOP_MODEL:
         runner: Runner = NoopRunner(
             settings.noop_dim,
@@ -43,8 +55,8 @@ def load_model(settings: Settings) -> LoadedModel:
 async def register(store: Store, settings: Settings, model: LoadedModel) -> None:
     info = ModelInfo(
         name=settings.model,
-        kind="embedding",
-        dim=model.runner.dim,
+        kind=model.kind,
+        dim=model.files.dim if model.kind == "causal-lm" else model.runner.dim,
         max_tokens=model.max_tokens,
         vocab_size=model.files.vocab_size,
         tokenizer_sha256=model.files.tokenizer_sha256,
@@ -71,15 +83,22 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
             max_tokens=model.max_tokens,
             vocab_size=model.files.vocab_size,
             max_deliveries=settings.max_deliveries,
+            generates=model.kind == "causal-lm",
         )
-        consumer = Consumer(
-            settings,
-            store,
-            model.runner,
-            limits,
-            settings.process_id("worker"),
-            register=lambda: register(store, settings, model),
-        )
+        name = settings.process_id("worker")
+        again = lambda: register(store, settings, model)  # noqa: E731
+        consumer: Consumer
+        if model.kind == "causal-lm":
+            from tokenizers import Tokenizer
+
+            from worker.generation_loop import GenerationConsumer
+
+            tokenizer = Tokenizer.from_str(model.files.tokenizer_json)
+            consumer = GenerationConsumer(
+                settings, store, model.runner, tokenizer, limits, name, register=again
+            )
+        else:
+            consumer = Consumer(settings, store, model.runner, limits, name, register=again)
         while not stop.is_set():
             try:
                 await register(store, settings, model)

@@ -31,6 +31,7 @@ class ModelFiles:
     vocab_size: int
     dim: int
     pooling: Pooling
+    causal_lm: bool  # a text generator (…ForCausalLM), served by the generation engine
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -99,4 +100,11 @@ def describe(name: str) -> ModelFiles:
         vocab_size=int(config.get("vocab_size", 0)),
         dim=int(config.get("hidden_size", 0)),
         pooling=read_pooling(path),
+        causal_lm=is_causal_lm(config),
     )
+
+
+def is_causal_lm(config: dict) -> bool:
+    """What transformers' AutoModelForCausalLM would load, judged from config.json alone."""
+    architectures = config.get("architectures") or []
+    return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)

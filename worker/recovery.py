@@ -9,27 +9,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.protocol import ProtocolError, RequestEntry, decode
+from common.protocol import GenerateEntry, ProtocolError, RequestEntry, decode
+
+Entry = RequestEntry | GenerateEntry
 
 
 @dataclass(frozen=True, slots=True)
 class EntryLimits:
     model: str
-    max_tokens: int
+    max_tokens: int  # an embedding input's limit, or a causal LM's context (prompt + new)
     vocab_size: int
     max_deliveries: int
+    generates: bool = False  # a causal LM worker takes GenerateEntry, an encoder RequestEntry
 
 
 @dataclass(frozen=True, slots=True)
 class Process:
-    entry: RequestEntry
+    entry: Entry
 
 
 @dataclass(frozen=True, slots=True)
 class Reject:
     """Answer the client with an error and ack; the entry is fine but will never run."""
 
-    entry: RequestEntry
+    entry: Entry
     status: int
     code: str
     message: str
@@ -40,13 +43,13 @@ class DeadLetter:
     """Move the raw entry to the dead-letter stream and ack; tell the client if we can."""
 
     reason: str
-    entry: RequestEntry | None  # None when the bytes are not even a request
+    entry: Entry | None  # None when the bytes are not even a request
 
 
 Decision = Process | Reject | DeadLetter
 
 
-def parse(payload: bytes | None) -> RequestEntry | str:
+def parse(payload: bytes | None) -> Entry | str:
     """The entry, or a reason it cannot be one (payload lost to trimming, garbage bytes)."""
     if payload is None:
         return "payload lost: the entry was trimmed or deleted before it was processed"
@@ -54,7 +57,7 @@ def parse(payload: bytes | None) -> RequestEntry | str:
         message = decode(payload)
     except ProtocolError as exc:
         return f"malformed entry: {exc}"
-    if not isinstance(message, RequestEntry):
+    if not isinstance(message, RequestEntry | GenerateEntry):
         return f"not a request entry: {type(message).__name__}"
     return message
 
@@ -74,6 +77,15 @@ def decide(payload: bytes | None, deliveries: int, now_ms: int, limits: EntryLim
         return Reject(
             entry, 400, "wrong_model", f"entry for {entry.model!r} on a {limits.model!r} worker"
         )
+    if isinstance(entry, GenerateEntry) != limits.generates:
+        kind = "generation" if limits.generates else "embedding"
+        return Reject(entry, 400, "wrong_kind", f"{limits.model!r} is served for {kind} only")
+    if isinstance(entry, GenerateEntry) and entry.n_tokens + entry.max_tokens > limits.max_tokens:
+        message = (
+            f"prompt of {entry.n_tokens} tokens plus max_tokens {entry.max_tokens} exceeds "
+            f"the model's context of {limits.max_tokens} tokens"
+        )
+        return Reject(entry, 400, "context_length_exceeded", message)
     if entry.n_tokens > limits.max_tokens:
         message = f"input has {entry.n_tokens} tokens; this model takes at most {limits.max_tokens}"
         return Reject(entry, 413, "input_too_long", message)

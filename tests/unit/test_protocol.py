@@ -17,6 +17,7 @@ from common.protocol import (
     DeadLetter,
     EmbeddingResult,
     ErrorReply,
+    GenerateEntry,
     ModelInfo,
     ProtocolError,
     RequestEntry,
@@ -100,7 +101,9 @@ GOOD = {"t": "req", **_fields(entry())}
         (b"\xc1\xc1\xc1", "not a msgpack"),
         (b"", "not a msgpack"),
         (pickle.dumps({"t": "req"}), "not a msgpack"),
-        (raw([1, 2, 3]), "not a msgpack"),  # arrays are refused outright
+        (raw([1, 2, 3]), "not a map"),
+        (raw(list(range(100))), "not a msgpack"),  # long arrays are refused while parsing
+        (raw({**GOOD, "model": ["a", "b"]}), "req.model"),
         (raw("a string"), "not a map"),
         (raw({**GOOD, "t": "nope"}), "unknown message tag"),
         (raw({**GOOD, "v": 2}), "unsupported req version"),
@@ -140,3 +143,46 @@ def test_oversized_message_is_rejected_before_parsing() -> None:
 def test_random_bytes_never_raise_anything_but_protocol_error(data: bytes) -> None:
     with contextlib.suppress(ProtocolError):
         decode(data)
+
+
+GEN = {
+    "t": "genreq",
+    "v": 1,
+    "id": "g.0",
+    "request_id": "r",
+    "model": "tiny",
+    "tokens": pack_tokens([5, 6, 7]),
+    "deadline_ms": 1,
+    "priority": 1,
+    "reply_to": "mb:reply:g",
+    "enqueued_ms": 0,
+    "max_tokens": 16,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "seed": 42,
+    "stop": ["\n\n", "END"],
+    "stream": True,
+}
+
+
+def test_a_generate_entry_round_trips_with_its_stop_list_and_stream_flag() -> None:
+    entry = decode(raw(GEN))
+    assert isinstance(entry, GenerateEntry)
+    assert entry.stop == ["\n\n", "END"] and entry.stream is True
+    assert list(entry.token_ids()) == [5, 6, 7]
+    assert decode(encode(entry)) == entry
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"stop": ["ok", 3]}, "items must be strings"),
+        ({"stop": "END"}, "genreq.stop"),
+        ({"stream": 1}, "genreq.stream"),
+        ({"max_tokens": True}, "genreq.max_tokens"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "not a msgpack"),
+    ],
+)
+def test_a_malformed_generate_entry_is_rejected(change: dict, why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        decode(raw({**GEN, **change}))

@@ -23,7 +23,7 @@ def test_null_lag_falls_back_to_depth_minus_pending() -> None:
     assert (status.lag, status.lag_from_redis, status.oldest_age_s) == (6, False, None)
 
 
-# The metric contract of DESIGN.md section 2 (generation metrics arrive with generation).
+# The metric contract of DESIGN.md section 2.
 DESIGN_METRICS = {
     "microbatch_requests_total": {"route", "model", "status"},
     "microbatch_request_duration_seconds": {"route", "model"},
@@ -41,6 +41,11 @@ DESIGN_METRICS = {
     "microbatch_queue_depth": {"model", "bucket"},
     "microbatch_queue_lag": {"model", "bucket"},
     "microbatch_workers": {"model"},
+    "microbatch_generated_tokens_total": {"model"},
+    "microbatch_time_to_first_token_seconds": {"model"},
+    "microbatch_inter_token_seconds": {"model"},
+    "microbatch_running_sequences": {"model"},
+    "microbatch_kv_cache_usage_ratio": {"model"},
 }
 
 

@@ -1,0 +1,403 @@
+"""`POST /v1/completions`: OpenAI-compatible text generation, whole or streamed over SSE.
+
+Each prompt becomes one `GenerateEntry` on its model's bucket stream (by prompt length). A
+whole answer waits for one final chunk per prompt. A streamed answer relays every chunk as a
+`data:` event and ends with `data: [DONE]`. When a worker dies mid-generation a peer starts
+the prompt over under a new attempt: if nothing was streamed yet its chunks are relayed as
+if nothing happened; otherwise the stream ends with an error event rather than repeat text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from common import metrics
+from common.buckets import bucket_for
+from common.errors import (
+    ContextLengthExceeded,
+    DeadlineExceeded,
+    InvalidRequest,
+    MicrobatchError,
+    ServiceUnavailable,
+)
+from common.protocol import (
+    MAX_STOP_SEQUENCES,
+    ErrorReply,
+    GenerateEntry,
+    GenerationChunk,
+    encode,
+    pack_tokens,
+)
+from gateway.app import (
+    Gateway,
+    admit_or_refuse,
+    authorize,
+    error_response,
+    model_entry,
+    priority_of,
+    request_id_of,
+    timeout_ms_of,
+    validation_error,
+)
+from gateway.catalog import ModelEntry
+from gateway.schemas import CompletionRequest
+from gateway.waiting import ClientGone, await_replies
+
+ROUTE = "/v1/completions"
+COMPLETIONS_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}},
+    }
+}
+MAX_STOP_CHARS = 256
+CAUSAL_LM = "causal-lm"
+
+
+def _stops(req: CompletionRequest) -> list[str]:
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(
+            f"stop has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES}", param="stop"
+        )
+    for s in stops:
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise InvalidRequest(
+                f"each stop sequence needs 1-{MAX_STOP_CHARS} characters", param="stop"
+            )
+    return stops
+
+
+async def _prompts(gw: Gateway, model: ModelEntry, req: CompletionRequest) -> list[np.ndarray]:
+    """Token ids per prompt, each checked against the context with the tokens it asks for."""
+    data = req.prompt
+    if isinstance(data, str):
+        data = [data]
+    if not data:
+        raise InvalidRequest("prompt must not be an empty list", param="prompt")
+    if len(data) > gw.settings.max_inputs_per_request:
+        raise InvalidRequest(
+            f"prompt has {len(data)} items; the limit is {gw.settings.max_inputs_per_request}",
+            param="prompt",
+        )
+    try:
+        if isinstance(data[0], str):
+            prompts = await gw.tokenize.encode(model.tokenizer, data, False, check=False)
+        else:
+            lists = [data] if isinstance(data[0], int) else data
+            prompts = model.tokenizer.check_token_lists(lists, False, check=False)
+    except InvalidRequest as exc:
+        exc.message = exc.message.replace("input", "prompt")
+        exc.param = (exc.param or "prompt").replace("input", "prompt")
+        raise
+    context = model.info.max_tokens
+    for i, ids in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if len(ids) == 0:
+            raise InvalidRequest(f"{where} is empty after tokenization", param=where)
+        if len(ids) + req.max_tokens > context:
+            raise ContextLengthExceeded(
+                f"{where} has {len(ids)} tokens and max_tokens is {req.max_tokens}: "
+                f"{len(ids) + req.max_tokens} exceeds the model's context of {context} tokens",
+                param="max_tokens",
+            )
+    return prompts
+
+
+@dataclass(slots=True)
+class _Submitted:
+    ids: list[str]
+    deadline_ms: int
+    prompt_tokens: list[int]
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _entries(
+    gw: Gateway,
+    model: ModelEntry,
+    req: CompletionRequest,
+    prompts: list[np.ndarray],
+    timeout_ms: int,
+    prio: int,
+    request_id: str,
+) -> tuple[_Submitted, list[tuple[str, bytes]]]:
+    now_ms = int(time.time() * 1000)
+    base = gw.next_id()
+    stops = _stops(req)
+    items, ids = [], []
+    for i, prompt in enumerate(prompts):
+        entry = GenerateEntry(
+            id=f"{base}.{i}",
+            request_id=request_id,
+            model=model.info.name,
+            tokens=pack_tokens(prompt),
+            deadline_ms=now_ms + timeout_ms,
+            priority=prio,
+            reply_to=gw.router.stream,
+            enqueued_ms=now_ms,
+            max_tokens=req.max_tokens,
+            temperature=float(req.temperature),
+            top_p=float(req.top_p),
+            seed=-1 if req.seed is None else req.seed,
+            stop=stops,
+            stream=req.stream,
+        )
+        bucket = bucket_for(len(prompt), gw.settings.buckets) or gw.settings.buckets[-1]
+        items.append((gw.keys.request(model.info.name, bucket), encode(entry)))
+        ids.append(entry.id)
+    submitted = _Submitted(ids, now_ms + timeout_ms, [len(p) for p in prompts])
+    return submitted, items
+
+
+def _raise_if_error(reply: GenerationChunk | ErrorReply) -> GenerationChunk:
+    if isinstance(reply, ErrorReply):
+        raise _as_error(reply)
+    return reply
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _choice(index: int, chunk: GenerationChunk, with_ids: bool) -> dict:
+    choice = {
+        "index": index,
+        "text": chunk.text,
+        "logprobs": None,
+        "finish_reason": chunk.finish_reason or None,
+    }
+    if with_ids:
+        choice["token_ids"] = chunk.token_ids().tolist()
+    return choice
+
+
+def _whole_body(request_id: str, name: str, sub: _Submitted, finals: list, with_ids: bool) -> bytes:
+    choices = [_choice(i, c, with_ids) for i, c in enumerate(finals)]
+    body = {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": sub.created,
+        "model": name,
+        "choices": choices,
+        "usage": _usage(sum(sub.prompt_tokens), sum(c.completion_tokens for c in finals)),
+    }
+    return orjson.dumps(body)
+
+
+async def completions(request: Request) -> Response:
+    gw: Gateway = request.app.state.gateway
+    started = time.perf_counter()
+    metrics.inflight_requests.inc()
+    label, request_id, status = "unknown", None, 500
+    try:
+        request_id = request_id_of(request)
+        authorize(gw, request)
+        try:
+            req = CompletionRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+        name = req.model or gw.settings.model
+        model = await model_entry(gw, name)
+        label = name
+        if model.info.kind != CAUSAL_LM:
+            raise InvalidRequest(
+                f"model {name!r} is an {model.info.kind} model; use /v1/embeddings",
+                param="model",
+            )
+        timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
+        prompts = await _prompts(gw, model, req)
+        admit_or_refuse(gw, model, len(prompts), timeout_ms)
+        sub, items = _entries(gw, model, req, prompts, timeout_ms, priority_of(request), request_id)
+        if req.stream:
+            status = 200
+            return _stream(gw, model.info.name, request_id, req, sub, items)
+        futures = [gw.router.expect(i) for i in sub.ids]
+        try:
+            await gw.enqueuer.add(items)
+            replies = await await_replies(request, futures, timeout_ms)
+        except (ClientGone, DeadlineExceeded):
+            gw.canceller.cancel(model.info.name, sub.ids, sub.deadline_ms)
+            raise
+        finally:
+            gw.router.forget(sub.ids)
+        finals = [_raise_if_error(r) for r in replies]
+        status = 200
+        return Response(
+            _whole_body(request_id, name, sub, finals, req.return_token_ids),
+            200,
+            {
+                "X-Request-ID": request_id,
+                "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
+            },
+            media_type="application/json",
+        )
+    except MicrobatchError as exc:
+        status = exc.status
+        return error_response(exc, request_id)
+    finally:
+        metrics.inflight_requests.dec()
+        metrics.requests_total.labels(ROUTE, label, str(status)).inc()
+        metrics.request_duration_seconds.labels(ROUTE, label).observe(time.perf_counter() - started)
+
+
+class _CancellingStream(StreamingResponse):
+    """A streaming response that always runs its clean-up, however the stream ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close, headers: dict) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    attempt: str | None = None
+    next_index: int = 0
+    relayed: int = 0  # chunks sent to the client from the current attempt
+    completion_tokens: int = 0
+    finished: bool = False
+
+
+class _Relay:
+    """Turns the chunks of one request's prompts into SSE events, in order, then [DONE]."""
+
+    def __init__(
+        self, gw: Gateway, name: str, request_id: str, req: CompletionRequest, sub: _Submitted
+    ) -> None:
+        self.gw, self.name, self.request_id, self.sub = gw, name, request_id, sub
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.states = {entry_id: _ChoiceState() for entry_id in sub.ids}
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.with_ids = req.return_token_ids
+        for entry_id in sub.ids:
+            gw.router.expect_stream(entry_id, self.queue)
+
+    def _data(self, choices: list, **extra: object) -> bytes:
+        body = {
+            "id": f"cmpl-{self.request_id}",
+            "object": "text_completion",
+            "created": self.sub.created,
+            "model": self.name,
+            "choices": choices,
+            **extra,
+        }
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    @staticmethod
+    def _error(exc: MicrobatchError) -> bytes:
+        return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+
+    async def events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
+        try:
+            await self.gw.enqueuer.add(items)
+        except ServiceUnavailable as exc:
+            yield self._error(exc)
+            yield b"data: [DONE]\n\n"
+            return
+        while not all(s.finished for s in self.states.values()):
+            try:
+                out, failed = self._relay(await self._next())
+            except MicrobatchError as exc:
+                out, failed = self._error(exc), True
+            if out:
+                yield out
+            if failed:
+                break
+        else:
+            if self.include_usage:
+                completion = sum(s.completion_tokens for s in self.states.values())
+                yield self._data([], usage=_usage(sum(self.sub.prompt_tokens), completion))
+        yield b"data: [DONE]\n\n"
+
+    async def _next(self) -> GenerationChunk | ErrorReply:
+        remaining_s = self.sub.deadline_ms / 1000 - time.time()
+        try:
+            reply = await asyncio.wait_for(self.queue.get(), max(0.0, remaining_s))
+        except TimeoutError:
+            raise DeadlineExceeded("the deadline passed while generating") from None
+        if isinstance(reply, MicrobatchError):
+            raise reply
+        if isinstance(reply, ErrorReply):
+            raise _as_error(reply)
+        return reply
+
+    def _relay(self, chunk: GenerationChunk) -> tuple[bytes, bool]:
+        """The event for one chunk (maybe none) and whether the stream must end in error."""
+        state = self.states[chunk.id]
+        verdict = _follow(state, chunk)
+        if verdict == "skip":
+            return b"", False
+        if verdict == "restarted":
+            return self._error(_restarted(state)), True
+        state.relayed += 1
+        state.completion_tokens = chunk.completion_tokens
+        if chunk.finish_reason:
+            state.finished = True
+            self.gw.router.answered(chunk.id)
+        if not chunk.text and not chunk.finish_reason:
+            return b"", False
+        return self._data([_choice(self.sub.ids.index(chunk.id), chunk, self.with_ids)]), False
+
+    def close(self) -> None:
+        """However the stream ended: stop listening, and cancel what still generates."""
+        unfinished = [i for i, s in self.states.items() if not s.finished]
+        self.gw.router.forget(self.sub.ids)
+        self.gw.canceller.cancel(self.name, unfinished, self.sub.deadline_ms)
+
+
+def _stream(
+    gw: Gateway,
+    name: str,
+    request_id: str,
+    req: CompletionRequest,
+    sub: _Submitted,
+    items: list[tuple[str, bytes]],
+) -> Response:
+    relay = _Relay(gw, name, request_id, req, sub)
+    return _CancellingStream(relay.events(items), relay.close, {"X-Request-ID": request_id})
+
+
+def _follow(state: _ChoiceState, chunk: GenerationChunk) -> str:
+    """What a chunk means for its choice: "relay", "skip" (a duplicate of one already
+    relayed) or "restarted" (a new attempt after text of an earlier one was streamed)."""
+    if state.attempt is None or (chunk.attempt != state.attempt and state.relayed == 0):
+        state.attempt, state.next_index = chunk.attempt, 0
+    if chunk.attempt != state.attempt:
+        return "restarted"
+    if chunk.index < state.next_index:
+        return "skip"
+    state.next_index = chunk.index + 1
+    return "relay"
+
+
+def _restarted(state: _ChoiceState) -> MicrobatchError:
+    err = MicrobatchError(
+        f"the worker generating this completion failed after {state.relayed} streamed chunks; "
+        "a peer restarted it, so the text above is incomplete and would repeat: retry the request"
+    )
+    err.status, err.type, err.code = 502, "server_error", "worker_failed"
+    return err
+
+
+def _as_error(reply: ErrorReply) -> MicrobatchError:
+    err = MicrobatchError(reply.message)
+    err.status, err.type, err.code = reply.status, reply.type, reply.code
+    return err

@@ -1,0 +1,74 @@
+"""Awaiting replies on behalf of a client that may leave, and telling workers when it does.
+
+A request waits on futures (never on a Redis command) while a second task listens for the
+ASGI `http.disconnect`; whichever comes first decides. Entries nobody awaits any more are
+added to the model's cancel set, so workers drop them instead of computing answers that
+would go nowhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from redis.exceptions import RedisError
+from starlette.requests import Request
+
+from common import streams
+from common.errors import DeadlineExceeded, MicrobatchError
+from common.store import Store
+
+log = logging.getLogger("microbatch.gateway")
+
+
+class ClientGone(MicrobatchError):
+    """The client closed the connection before its answer was ready (nginx's 499)."""
+
+    status, type, code = 499, "client_closed_request", "client_closed_request"
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def await_replies(request: Request, futures: Sequence[asyncio.Future], timeout_ms: int):
+    """Every future's result in order; DeadlineExceeded at the deadline, ClientGone if the
+    client disconnects first."""
+    gathered = asyncio.gather(*futures)
+    watcher = asyncio.create_task(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait(
+            {gathered, watcher}, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        watcher.cancel()
+    if gathered in done:
+        return gathered.result()
+    gathered.cancel()
+    if watcher in done:
+        raise ClientGone("client disconnected before the answer was ready")
+    raise DeadlineExceeded(f"no answer within {timeout_ms} ms")
+
+
+class Canceller:
+    """Sends cancellations in the background: the request path never waits on Redis for it."""
+
+    def __init__(self, store: Store, keys: streams.Keys) -> None:
+        self._store = store
+        self._keys = keys
+        self._tasks: set[asyncio.Task] = set()
+
+    def cancel(self, model: str, ids: Sequence[str], until_ms: int) -> None:
+        if not ids:
+            return
+        task = asyncio.create_task(self._send(model, list(ids), until_ms))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, model: str, ids: list[str], until_ms: int) -> None:
+        try:
+            await streams.cancel(self._store, self._keys, model, ids, until_ms)
+        except RedisError as exc:  # the worker still drops them at their deadline
+            log.warning("could not cancel %d entries: %s", len(ids), exc)

@@ -1,0 +1,271 @@
+"""Generation end to end: gateway → Redis → continuous-batching worker, the tiny causal LM.
+
+Real redis-server, real `microbatch` processes, a random-weight Llama written by
+`microbatch tiny-model`; the reference is transformers' own `generate()` on each prompt alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from tests.conftest import Processes, RedisServer, free_port, wait_ready
+from worker.tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+def serve_tiny(processes: Processes, redis_url: str, model: Path, prefix: str):
+    """One worker (its metrics on a port) and one gateway serving the tiny model."""
+    metrics_port = free_port()
+    settings = {"redis_url": redis_url, "model": model, "prefix": prefix}
+    worker = processes.start("worker", metrics_port=metrics_port, **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    return gateway.base_url, f"http://127.0.0.1:{metrics_port}/metrics", worker
+
+
+@pytest.fixture(scope="module")
+def served(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+    """Shared by the tests that leave the worker as they found it. Its own key prefix, and a
+    worker that re-registers and recreates its groups, keep it serving through the flushes
+    other tests make of the shared Redis."""
+    processes = Processes(tmp_path_factory.mktemp("generation"))
+    try:
+        yield serve_tiny(processes, redis_server.url, tiny_model, "mbgen")
+    finally:
+        processes.stop_all()
+
+
+def metric(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=5).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def complete(client: httpx.AsyncClient, delay_s: float = 0.0, **body) -> dict:
+    await asyncio.sleep(delay_s)
+    response = await client.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def stream_events(base: str, **body) -> list[dict | str]:
+    events: list[dict | str] = []
+    with httpx.stream(
+        "POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else orjson.loads(data))
+    return events
+
+
+def reference_greedy(
+    model_path: Path, prompts: list[list[int]], max_new: list[int]
+) -> list[list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    out = []
+    for prompt, n in zip(prompts, max_new, strict=True):
+        ids = torch.tensor([prompt])
+        generated = model.generate(ids, max_new_tokens=n, do_sample=False)
+        out.append(generated[0, len(prompt) :].tolist())
+    return out
+
+
+def test_greedy_outputs_of_staggered_concurrent_requests_match_generate_run_alone(
+    served, tiny_model: Path
+) -> None:
+    base, metrics_url, _ = served
+    rng = np.random.default_rng(3)
+    lengths = [3, 9, 17, 30, 45, 64, 90, 120, 150, 200, 260, 330, 7, 55]
+    prompts = [rng.integers(3, 500, size=n).tolist() for n in lengths]
+    max_new = [int(m) for m in rng.integers(8, 60, size=len(prompts))]
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+            return await asyncio.gather(
+                *(
+                    complete(
+                        client,
+                        delay_s=0.03 * i,  # arrive while earlier ones are generating
+                        prompt=p,
+                        max_tokens=n,
+                        temperature=0,
+                        return_token_ids=True,
+                    )
+                    for i, (p, n) in enumerate(zip(prompts, max_new, strict=True))
+                )
+            )
+
+    steps_before = metric(metrics_url, 'microbatch_batch_size_count{bucket="decode"')
+    tokens_before = metric(metrics_url, 'microbatch_batch_size_sum{bucket="decode"')
+    answers = asyncio.run(run())
+    expected = reference_greedy(tiny_model, prompts, max_new)
+    for answer, want, prompt in zip(answers, expected, prompts, strict=True):
+        choice = answer["choices"][0]
+        assert choice["token_ids"] == want, f"prompt of {len(prompt)} tokens diverged"
+        assert answer["usage"]["prompt_tokens"] == len(prompt)
+        assert answer["usage"]["completion_tokens"] == len(want)
+    # Sequences shared decode steps: more tokens were generated than steps were run.
+    steps = metric(metrics_url, 'microbatch_batch_size_count{bucket="decode"') - steps_before
+    tokens = metric(metrics_url, 'microbatch_batch_size_sum{bucket="decode"') - tokens_before
+    assert tokens / steps > 2, f"mean sequences per step {tokens / steps:.2f}: no batching"
+
+
+def test_seeded_sampling_gives_the_same_text_whatever_the_batch_mates(served) -> None:
+    base, _, _ = served
+    body = {"prompt": "kalo mine rusa", "max_tokens": 40, "temperature": 0.9, "top_p": 0.95}
+    alone = httpx.post(f"{base}/v1/completions", json={**body, "seed": 7}, timeout=60).json()
+
+    async def crowded() -> list[dict]:
+        async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+            mates = [
+                complete(client, prompt=f"sati vobe {i} " * (i + 1), max_tokens=50, temperature=1.0)
+                for i in range(8)
+            ]
+            return await asyncio.gather(complete(client, 0.02, **body, seed=7), *mates)
+
+    together = asyncio.run(crowded())[0]
+    other_seed = httpx.post(f"{base}/v1/completions", json={**body, "seed": 8}, timeout=60).json()
+    assert together["choices"][0]["text"] == alone["choices"][0]["text"]
+    assert other_seed["choices"][0]["text"] != alone["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "kalo mine rusa", "max_tokens": 30, "temperature": 0},
+        {"prompt": "日本 语 한 🙂 and more", "max_tokens": 50, "temperature": 0.8, "seed": 1},
+        {"prompt": [5, 6, 7, 8], "max_tokens": 60, "temperature": 0, "stop": ["a", "e"]},
+    ],
+)
+def test_streamed_chunks_join_to_exactly_the_whole_text_and_done_ends_the_stream(
+    served, body: dict
+) -> None:
+    base, _, _ = served
+    whole = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    events = stream_events(base, **body)
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if isinstance(e, dict)]
+    assert all("error" not in c for c in chunks)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    if "stop" in body:
+        assert whole["finish_reason"] == "stop" or not set("ae") & set(whole["text"])
+        assert "a" not in whole["text"] and "e" not in whole["text"]
+
+
+def test_a_stop_sequence_ends_generation_and_is_not_returned(served) -> None:
+    base, _, _ = served
+    body = {"prompt": "kalo mine rusa", "max_tokens": 30, "temperature": 0}
+    free = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    stop = free["text"][5:8]  # a sequence the free run is known to produce
+    cut = httpx.post(f"{base}/v1/completions", json={**body, "stop": [stop]}, timeout=60).json()
+    choice = cut["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["text"] == free["text"][: free["text"].index(stop)]
+
+
+def test_include_usage_adds_a_usage_event_before_done(served) -> None:
+    base, _, _ = served
+    events = stream_events(
+        base, prompt="kalo", max_tokens=10, temperature=0, stream_options={"include_usage": True}
+    )
+    usage = events[-2]
+    assert isinstance(usage, dict) and usage["choices"] == []
+    assert usage["usage"]["completion_tokens"] == 10
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_slot(served) -> None:
+    base, metrics_url, _ = served
+    before = metric(metrics_url, "microbatch_generated_tokens_total")
+    body = {"prompt": "kalo mine", "max_tokens": 1000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for i, _line in enumerate(response.iter_lines()):
+            if i >= 6:
+                break  # leave after a few events: the connection closes here
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and metric(metrics_url, "microbatch_running_sequences"):
+        time.sleep(0.05)
+    assert metric(metrics_url, "microbatch_running_sequences") == 0
+    generated = metric(metrics_url, "microbatch_generated_tokens_total") - before
+    assert generated < 900, f"{generated} tokens generated for a client that left"
+    assert metric(metrics_url, "microbatch_cancelled_total") >= 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"prompt": "x " * 600, "max_tokens": 500}, 400, r"\d+ tokens and max_tokens is 500"),
+        ({"prompt": [5] * 1020, "max_tokens": 10}, 400, r"context of 1024"),
+        ({"prompt": "hi", "n": 2}, 422, "n"),
+        ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
+        ({"prompt": "hi", "top_p": 0}, 422, "top_p"),
+        ({"prompt": "hi", "max_tokens": 0}, 422, "max_tokens"),
+        ({"prompt": "hi", "logprobs": 3}, 422, "logprobs"),
+        ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
+        ({"prompt": ""}, 400, "empty"),
+        ({"prompt": []}, 400, "empty"),
+        ({"prompt": [[1, 2], [99999]]}, 400, "vocabulary"),
+        ({"max_tokens": 5}, 422, "prompt"),
+    ],
+)
+def test_bad_completion_requests_get_a_clear_4xx(
+    served, body: dict, status: int, says: str
+) -> None:
+    base, _, _ = served
+    response = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert re.search(says, error["message"]) or says in (error.get("param") or ""), error
+
+
+def test_embeddings_on_a_causal_lm_are_refused_with_a_pointer(served) -> None:
+    base, _, _ = served
+    response = httpx.post(f"{base}/v1/embeddings", json={"input": "hi"}, timeout=30)
+    assert response.status_code == 400
+    assert "/v1/completions" in response.json()["error"]["message"]
+
+
+def test_the_worker_drains_running_generations_on_sigterm(
+    redis_url: str, processes: Processes, tiny_model: Path
+) -> None:
+    base, _, worker = serve_tiny(processes, redis_url, tiny_model, "mb")
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            calls = [
+                complete(client, prompt=f"ka {i}", max_tokens=200, temperature=0) for i in range(4)
+            ]
+            tasks = [asyncio.create_task(c) for c in calls]
+            await asyncio.sleep(0.5)
+            worker.signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    answers = asyncio.run(run())
+    assert all(a["choices"][0]["finish_reason"] in ("length", "stop") for a in answers)
+    assert worker.wait(30) == 0

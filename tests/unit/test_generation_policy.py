@@ -1,0 +1,83 @@
+"""The continuous-batching policy: pure numbers in, a plan out; no torch, no Redis."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from worker.generation import EngineLimits, SeqView, kv_usage, plan_step
+
+LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000)
+
+
+def seq(key: int, length: int, order: int | None = None, priority: int = PRIORITY_BATCH) -> SeqView:
+    return SeqView(key, length, priority, key if order is None else order)
+
+
+def test_waiting_sequences_join_a_running_batch_while_the_limits_allow() -> None:
+    plan = plan_step([seq(0, 10)], [seq(1, 30), seq(2, 30), seq(3, 30)], LIMITS)
+    # decode 1 + 30 + 30 = 61 tokens; a third newcomer would make it 91 <= 100: allowed
+    assert plan == plan.__class__((), (1, 2, 3))
+
+
+def test_the_step_token_budget_stops_admission_in_arrival_order() -> None:
+    plan = plan_step([seq(0, 10)], [seq(1, 60), seq(2, 10), seq(3, 60)], LIMITS)
+    assert plan.admit == (1, 2)  # 3 would push the step past 100 tokens; 2 never overtakes 1
+
+
+def test_a_long_prompt_is_not_overtaken_by_shorter_ones_behind_it() -> None:
+    plan = plan_step([seq(0, 10)], [seq(1, 150), seq(2, 5)], LIMITS)
+    assert plan.admit == ()  # 1 does not fit this step, and 2 may not jump the queue
+
+
+def test_an_idle_engine_admits_one_sequence_even_past_the_step_budget() -> None:
+    assert plan_step([], [seq(1, 500), seq(2, 5)], LIMITS).admit == (1,)
+
+
+def test_the_running_limit_caps_admission() -> None:
+    running = [seq(i, 5) for i in range(3)]
+    assert plan_step(running, [seq(7, 5), seq(8, 5)], LIMITS).admit == (7,)
+
+
+def test_interactive_sequences_join_before_earlier_batch_ones() -> None:
+    waiting = [seq(1, 10, order=1), seq(2, 10, order=2, priority=PRIORITY_INTERACTIVE)]
+    assert plan_step([], waiting, EngineLimits(1, 100, 1000)).admit == (2,)
+
+
+def test_the_newest_running_sequences_are_preempted_when_the_kv_budget_overflows() -> None:
+    running = [seq(0, 300, order=0), seq(1, 300, order=1), seq(2, 300, order=2)]
+    plan = plan_step(running, [seq(9, 5)], LIMITS)
+    # 3 x 301 = 903 fits 1000; grow them to 400 and only two fit: 2 x 401 = 802
+    assert plan.preempt == ()
+    running = [seq(0, 400, order=0), seq(1, 400, order=1), seq(2, 400, order=2)]
+    plan = plan_step(running, [seq(9, 5)], LIMITS)
+    assert plan.preempt == (2,) and plan.admit == ()
+
+
+def test_the_last_running_sequence_is_never_preempted() -> None:
+    assert plan_step([seq(0, 5000)], [], LIMITS).preempt == ()
+
+
+def test_a_preempted_sequence_rejoins_before_later_arrivals() -> None:
+    waiting = [seq(5, 20, order=9), seq(2, 80, order=2)]  # 2 was preempted: it keeps order 2
+    assert plan_step([], waiting, LIMITS).admit[0] == 2
+
+
+@given(
+    st.lists(st.integers(1, 400), max_size=6),
+    st.lists(st.integers(1, 400), max_size=6),
+)
+def test_a_plan_never_exceeds_the_limits_once_something_runs(running: list, waiting: list) -> None:
+    run = [seq(i, n) for i, n in enumerate(running)]
+    wait = [seq(100 + i, n) for i, n in enumerate(waiting)]
+    plan = plan_step(run, wait, LIMITS)
+    kept = [s for s in run if s.key not in plan.preempt]
+    joined = [s for s in wait if s.key in plan.admit]
+    assert len(kept) + len(joined) <= max(LIMITS.max_running, len(run))
+    if len(kept) > 1:
+        assert kv_usage([s.length + 1 for s in kept]) <= LIMITS.kv_tokens
+    if kept and joined:
+        assert len(kept) + sum(s.length for s in joined) <= LIMITS.step_tokens
+        assert kv_usage([*(s.length + 1 for s in kept), *(s.length for s in joined)]) <= 1000
+    assert not (plan.preempt and plan.admit)

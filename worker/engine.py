@@ -1,0 +1,272 @@
+"""`GenerationEngine`: a Hugging Face causal LM decoding many sequences at once with a KV cache.
+
+Each running sequence owns one row of a preallocated cache `[rows, kv_heads, width, head_dim]`
+per layer. All rows end at the same column, so one decode step writes one column and attends
+over `[lo, col]`, where `lo` is the start of the longest row; each row's own start is masked.
+Joining costs one prefill (newcomers of one length bucket together, left-padded) and a copy
+of its keys and values into a free row; leaving costs moving the last row into the hole.
+Nothing is recomputed between steps. The model's own forward runs unchanged: the engine only
+passes a cache object, explicit positions and a ready 4-D mask, which transformers uses as is.
+
+Called from the worker's single compute thread only; never from the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class Sampling:
+    temperature: float  # 0 = greedy
+    top_p: float
+    seed: int  # -1 = unseeded
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator()
+        if self.seed >= 0:
+            self.generator.manual_seed(self.seed)
+        else:
+            self.generator.seed()
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A sequence to prefill: its prompt, plus what it generated before a preemption."""
+
+    key: int
+    tokens: np.ndarray
+    sampling: Sampling
+
+
+@dataclass(slots=True)
+class _Row:
+    key: int
+    start: int  # first cache column this row uses
+    length: int  # tokens in the cache
+    last: int  # the newest token, not yet in the cache: the next decode input
+    sampling: Sampling
+
+
+class SlotCache:
+    """The transformers cache protocol (`update`) over the engine's row buffers."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.n_layers = n_layers
+        self.rows = 0  # rows taking part in the current forward
+        self.col = 0  # the column the current decode writes
+        self.lo = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_, **__
+    ):
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[: self.rows, :, self.col] = key_states[:, :, 0]
+        values[: self.rows, :, self.col] = value_states[:, :, 0]
+        window = slice(self.lo, self.col + 1)
+        return keys[: self.rows, :, window], values[: self.rows, :, window]
+
+
+class PrefillCache:
+    """Keeps a prefill's keys and values so the engine can copy them into rows."""
+
+    def __init__(self) -> None:
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_, **__
+    ):
+        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
+        return key_states, value_states
+
+
+def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> list[int]:
+    """One token per row: argmax at temperature 0, else nucleus sampling with the row's own
+    generator, so a seeded sequence draws the same whatever shares its batch."""
+    out = logits.argmax(-1).tolist()
+    for i, s in enumerate(settings):
+        if s.temperature <= 0:
+            continue
+        probs = torch.softmax(logits[i].float() / s.temperature, -1)
+        if s.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs >= s.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        out[i] = int(torch.multinomial(probs, 1, generator=s.generator))
+    return out
+
+
+class GenerationEngine:
+    def __init__(self, path: Path, *, device: str = "cpu", threads: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.model.to(self.device).eval()
+        config = self.model.config.get_text_config(decoder=True)
+        self.context = int(config.max_position_embeddings)
+        self.vocab_size = int(config.vocab_size)
+        self._kv_heads = int(getattr(config, "num_key_value_heads", config.num_attention_heads))
+        self._head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        self._n_layers = int(config.num_hidden_layers)
+        self._pad_id = int(self.model.config.pad_token_id or 0)
+        self.eos_ids = _eos_ids(self.model)
+        self._cache = SlotCache(self._n_layers)
+        self._rows: list[_Row] = []
+        self._capacity = (0, 0)  # (rows, width) of the buffers
+
+    # ---- state the scheduler reads --------------------------------------------------------
+
+    @property
+    def running(self) -> dict[int, int]:
+        """Running sequence key -> tokens in its cache."""
+        return {row.key: row.length for row in self._rows}
+
+    def cache_positions(self) -> int:
+        """Padded positions in use: rows x the longest row, what the KV budget bounds."""
+        return len(self._rows) * max((row.length for row in self._rows), default=0)
+
+    # ---- one step -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def retire(self, keys: Sequence[int]) -> None:
+        """Free the rows of finished, cancelled or preempted sequences."""
+        for key in keys:
+            index = next((i for i, row in enumerate(self._rows) if row.key == key), None)
+            if index is not None:
+                self._remove_row(index)
+
+    @torch.inference_mode()
+    def step(self, groups: Sequence[Sequence[Admission]]) -> dict[int, int]:
+        """Decode one token for every running sequence, then prefill each group of newcomers
+        (each group one length bucket); returns each sequence's new token."""
+        new_tokens = self._decode() if self._rows else {}
+        for group in groups:
+            if group:
+                new_tokens.update(self._prefill(group))
+        return new_tokens
+
+    def _decode(self) -> dict[int, int]:
+        self._ensure_room(rows=len(self._rows), left=0)
+        cache, rows = self._cache, self._rows
+        cache.rows = len(rows)
+        starts = torch.tensor([row.start for row in rows], device=self.device)
+        columns = torch.arange(cache.lo, cache.col + 1, device=self.device)
+        mask = (columns[None, :] >= starts[:, None])[:, None, None, :]
+        input_ids = torch.tensor([[row.last] for row in rows], device=self.device)
+        positions = torch.tensor([[row.length] for row in rows], device=self.device)
+        logits = self._forward(input_ids, mask, positions, cache)
+        cache.col += 1
+        tokens = sample(logits, [row.sampling for row in rows])
+        for row, token in zip(rows, tokens, strict=True):
+            row.length += 1
+            row.last = token
+        return {row.key: token for row, token in zip(rows, tokens, strict=True)}
+
+    def _prefill(self, group: Sequence[Admission]) -> dict[int, int]:
+        lengths = [len(a.tokens) for a in group]
+        width = max(lengths)
+        pads = torch.tensor([width - n for n in lengths], device=self.device)
+        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long)
+        for i, a in enumerate(group):
+            ids[i, width - len(a.tokens) :] = torch.from_numpy(a.tokens.astype(np.int64))
+        steps = torch.arange(width, device=self.device)
+        positions = (steps[None, :] - pads[:, None]).clamp(min=0)
+        real = steps[None, None, :] >= pads[:, None, None]  # keys that are not padding
+        causal = steps[None, :, None] >= steps[None, None, :]
+        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)[None]
+        mask = ((causal & real) | diagonal)[:, None]  # padding queries see themselves: no NaN
+        cache = PrefillCache()
+        logits = self._forward(ids.to(self.device), mask, positions, cache)
+        tokens = sample(logits, [a.sampling for a in group])
+        self._ensure_room(rows=len(self._rows) + len(group), left=width)
+        col = self._cache.col
+        for i, (a, n) in enumerate(zip(group, lengths, strict=True)):
+            r = len(self._rows)
+            for layer in range(self._n_layers):
+                self._cache.keys[layer][r, :, col - n : col] = cache.keys[layer][i, :, width - n :]
+                self._cache.values[layer][r, :, col - n : col] = cache.values[layer][
+                    i, :, width - n :
+                ]
+            self._rows.append(_Row(a.key, col - n, n, tokens[i], a.sampling))
+        self._cache.lo = min(row.start for row in self._rows)
+        return {a.key: t for a, t in zip(group, tokens, strict=True)}
+
+    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    # ---- row buffers ----------------------------------------------------------------------
+
+    def _remove_row(self, index: int) -> None:
+        last = len(self._rows) - 1
+        if index != last:
+            lo, col = self._cache.lo, self._cache.col
+            for layer in range(self._n_layers):
+                for buffer in (self._cache.keys[layer], self._cache.values[layer]):
+                    buffer[index, :, lo:col] = buffer[last, :, lo:col]
+            self._rows[index] = self._rows[last]
+        self._rows.pop()
+        if self._rows:
+            self._cache.lo = min(row.start for row in self._rows)
+        else:
+            self._cache.lo = self._cache.col = 0
+
+    def _ensure_room(self, *, rows: int, left: int) -> None:
+        """Make room for `rows` rows, `left` columns before `col` and one column after it,
+        moving the live window to the buffer's start (and growing it) only when needed."""
+        cache = self._cache
+        cap_rows, cap_width = self._capacity
+        live = cache.col - cache.lo
+        span = max(live, left)
+        if rows <= cap_rows and cache.col >= span and cache.col + 1 <= cap_width:
+            return
+        new_rows = max(rows, cap_rows, 4) if rows <= cap_rows else max(rows, 2 * cap_rows)
+        new_width = max(cap_width, span + max(64, span // 2))
+        shape = (new_rows, self._kv_heads, new_width, self._head_dim)
+        keys = [torch.zeros(shape, device=self.device) for _ in range(self._n_layers)]
+        values = [torch.zeros(shape, device=self.device) for _ in range(self._n_layers)]
+        shift = span - cache.col  # the window now ends at column `span`
+        n = len(self._rows)
+        for layer in range(len(cache.keys)):
+            keys[layer][:n, :, span - live : span] = cache.keys[layer][:n, :, cache.lo : cache.col]
+            values[layer][:n, :, span - live : span] = cache.values[layer][
+                :n, :, cache.lo : cache.col
+            ]
+        for row in self._rows:
+            row.start += shift
+        cache.keys, cache.values = keys, values
+        cache.col, cache.lo = span, span - live
+        self._capacity = (new_rows, new_width)
+
+
+def _eos_ids(model) -> set[int]:
+    ids: set[int] = set()
+    for config in (getattr(model, "generation_config", None), model.config):
+        value = getattr(config, "eos_token_id", None) if config is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids

@@ -1,0 +1,86 @@
+"""Generation scheduling policy: which sequences join, and which pause, at the next step.
+
+Iteration-level (continuous) batching, as in Orca, vLLM and TGI: every step decodes one token
+for each running sequence; between steps finished sequences leave and waiting ones join while
+the step's token budget, the running-sequence limit and the KV budget allow. Sequences are
+right-aligned in one padded KV cache, so its cost is `running x longest`: that product is what
+the KV budget bounds. When it would be exceeded the newest sequences are paused (preempted)
+and later recomputed from their prompt plus what they generated; nothing is dropped.
+
+A pure function of plain numbers, like `batching.next_batch`: no torch, no Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.protocol import PRIORITY_INTERACTIVE
+from common.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class SeqView:
+    """What the policy sees of one sequence."""
+
+    key: int
+    length: int  # tokens it holds in the KV cache (running) or must prefill (waiting)
+    priority: int
+    order: int  # arrival order; a preempted sequence keeps its own, so it rejoins first
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_running: int  # sequences decoding together
+    step_tokens: int  # prefill plus decode tokens one step may compute
+    kv_tokens: int  # padded KV cache positions: running sequences x longest
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineLimits:
+        return cls(settings.max_running_seqs, settings.max_step_tokens, settings.kv_cache_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    preempt: tuple[int, ...]  # running keys to pause, newest first
+    admit: tuple[int, ...]  # waiting keys to prefill this step, in order
+
+
+def kv_usage(lengths: Sequence[int]) -> int:
+    """Padded cache positions that sequences of these lengths occupy together."""
+    return len(lengths) * max(lengths, default=0)
+
+
+def plan_step(
+    running: Sequence[SeqView], waiting: Sequence[SeqView], limits: EngineLimits
+) -> StepPlan:
+    """Pause the newest while the next decode would overflow the KV budget; then admit.
+
+    Waiting sequences join in priority, then arrival, order and never overtake one another,
+    so a long prompt cannot be starved by a stream of short ones. The last running sequence
+    is never paused (it could not make progress anywhere), and one sequence is always
+    admitted into an idle engine even past the step budget, so every request is served.
+    """
+    kept = sorted(running, key=lambda s: s.order)
+    preempt: list[int] = []
+    while len(kept) > 1 and kv_usage([s.length + 1 for s in kept]) > limits.kv_tokens:
+        preempt.append(kept.pop().key)
+    if preempt:
+        return StepPlan(tuple(preempt), ())
+
+    lengths = [s.length + 1 for s in kept]  # after this step's decode
+    step_tokens = len(kept)
+    admit: list[int] = []
+    queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
+    for seq in queue:
+        idle = not lengths
+        if len(lengths) + 1 > limits.max_running:
+            break
+        if not idle and step_tokens + seq.length > limits.step_tokens:
+            break
+        if not idle and kv_usage([*lengths, seq.length]) > limits.kv_tokens:
+            break
+        admit.append(seq.key)
+        lengths.append(seq.length)
+        step_tokens += seq.length
+    return StepPlan((), tuple(admit))
