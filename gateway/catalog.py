@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,40 +45,53 @@ class ServiceRate:
     """Entries/s a model's workers take off its streams, from XINFO GROUPS `entries-read`.
 
     Only intervals with a backlog at both ends count: with nothing waiting, the delivery rate
-    is the arrival rate, not what the workers can do. The rate is the total delivered over
-    the last `window_s` of such intervals rather than a per-refresh EWMA, because workers
-    read a batch at a time: deliveries come in batch-sized jumps that a per-refresh average
-    would chase. It is reported only while a backlog waits and after `min_busy_s` of it.
+    is the arrival rate, not what the workers can do. Busy intervals are pooled into chunks
+    of at least `chunk_s` that end on a delivery (workers read a batch at a time, so one
+    refresh interval may see a jump or nothing), and the rate is the lower median chunk rate
+    over the last `window_s` rather than a mean or an EWMA: entries that expired in the
+    queue are read and skipped in a rush, and that burst must not pass for capacity, or
+    admission would let in more work that expires in turn. A rate measured within the window
+    is reported even once the queue has emptied: the next burst lands between two refreshes.
     """
 
     window_s: float = 10.0
-    min_busy_s: float = 2.0
+    chunk_s: float = 2.0
     # the previous refresh: (monotonic s, counters, backlog)
     _last: tuple[float, Counters, bool] | None = field(default=None, init=False)
-    # backlogged intervals in the window: (end monotonic s, seconds, entries delivered)
-    _busy: deque[tuple[float, float, int]] = field(default_factory=deque, init=False)
+    # the chunk being filled: [seconds, entries delivered]
+    _open: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)
+    # closed chunks in the window: (end monotonic s, entries/s)
+    _chunks: deque[tuple[float, float]] = field(default_factory=deque, init=False)
 
     def observe(self, now_s: float, counters: Counters | None, backlog: bool) -> float | None:
         """Record one refresh; the rate to trust now, or None."""
         if not counters:  # the store cannot say (burner-redis, or Redis lost count)
             self._last = None
-            self._busy.clear()
+            self._open = [0.0, 0.0]
+            self._chunks.clear()
             return None
         last, self._last = self._last, (now_s, counters, backlog)
+        delivered = None
         if last is not None and last[2] and backlog and now_s > last[0]:
             delivered = _delivered(last[1], counters)
-            if delivered is not None:
-                self._busy.append((now_s, now_s - last[0], delivered))
-        while self._busy and self._busy[0][0] < now_s - self.window_s:
-            self._busy.popleft()
-        return self._rate() if backlog else None
+        if delivered is None:
+            self._open = [0.0, 0.0]  # not saturated throughout: a chunk must be contiguous
+        else:
+            self._add(now_s, now_s - last[0], delivered)
+        while self._chunks and self._chunks[0][0] < now_s - self.window_s:
+            self._chunks.popleft()
+        return self._rate()
+
+    def _add(self, now_s: float, seconds: float, delivered: int) -> None:
+        self._open[0] += seconds
+        self._open[1] += delivered
+        if self._open[0] >= self.chunk_s and delivered > 0:
+            self._chunks.append((now_s, self._open[1] / self._open[0]))
+            self._open = [0.0, 0.0]
 
     def _rate(self) -> float | None:
-        seconds = sum(s for _, s, _ in self._busy)
-        entries = sum(n for _, _, n in self._busy)
-        if seconds < self.min_busy_s or entries == 0:
-            return None  # too little seen; or a batch longer than the window, not a zero rate
-        return entries / seconds
+        """None while no chunk has closed: a batch longer than the window is not a zero rate."""
+        return statistics.median_low(r for _, r in self._chunks) if self._chunks else None
 
 
 def _delivered(then: Counters, now: Counters) -> int | None:

@@ -44,9 +44,10 @@ def test_a_request_whose_deadline_covers_the_backlog_is_admitted() -> None:
     assert admit(state, 1, 4096, timeout_ms=30_000) == Admitted()
 
 
-def test_the_request_itself_counts_toward_the_wait() -> None:
-    # 19 ahead + 1 = exactly one second at 20/s: feasible; + 2 inputs is not.
-    state = QueueState(depth=19, live_workers=1, service_rate_per_s=20.0)
+def test_the_queue_may_take_four_fifths_of_the_deadline_the_request_itself_included() -> None:
+    # 15 ahead + 1 = 0.8 s at 20/s, four fifths of a one-second deadline: feasible.
+    # The rest is for the request's own batch and reply; 2 inputs would not leave it.
+    state = QueueState(depth=15, live_workers=1, service_rate_per_s=20.0)
     assert admit(state, 1, 4096, timeout_ms=1000) == Admitted()
     assert isinstance(admit(state, 2, 4096, timeout_ms=1000), Rejected)
 
@@ -57,15 +58,15 @@ def test_without_a_measured_rate_any_deadline_is_admitted() -> None:
 
 
 def test_retry_after_is_how_long_until_the_backlog_fits_the_deadline() -> None:
-    # 401 entries at 10/s is 40.1 s; a 10 s deadline fits once ~30 s of it has drained.
+    # 401 entries at 10/s is 40.1 s; a 10 s deadline (8 s of queue) fits after ~32 s.
     state = QueueState(depth=400, live_workers=1, service_rate_per_s=10.0)
     decision = admit(state, 1, 4096, timeout_ms=10_000)
     assert isinstance(decision, Rejected)
-    assert 30.0 <= decision.retry_after_s <= 30.2
+    assert 32.0 <= decision.retry_after_s <= 32.2
 
 
 def test_retry_after_is_at_least_a_second_and_at_most_a_minute() -> None:
-    barely = admit(QueueState(21, 1, 20.0), 1, 4096, timeout_ms=1000)
+    barely = admit(QueueState(17, 1, 20.0), 1, 4096, timeout_ms=1000)
     hopeless = admit(QueueState(4000, 1, 1.0), 1, 4096, timeout_ms=1000)
     assert isinstance(barely, Rejected) and barely.retry_after_s == 1.0
     assert isinstance(hopeless, Rejected) and hopeless.retry_after_s == 60.0
@@ -92,7 +93,7 @@ def test_deadline_refusal_matches_the_wait_it_reports(
     depth: int, n_inputs: int, rate: float, timeout_ms: int
 ) -> None:
     decision = admit(QueueState(depth, 1, rate), n_inputs, 10**9, timeout_ms=timeout_ms)
-    infeasible = (depth + n_inputs) / rate > timeout_ms / 1000
+    infeasible = (depth + n_inputs) / rate > 0.8 * timeout_ms / 1000
     assert isinstance(decision, Rejected) == infeasible
     if isinstance(decision, Rejected):
         assert 1.0 <= decision.retry_after_s <= 60.0
@@ -102,28 +103,32 @@ def test_deadline_refusal_matches_the_wait_it_reports(
 
 
 def test_the_service_rate_is_measured_only_across_a_backlog() -> None:
-    rate = ServiceRate(min_busy_s=2.0)
+    rate = ServiceRate(chunk_s=2.0)
     assert rate.observe(0.0, {128: 0}, backlog=True) is None
-    assert rate.observe(1.0, {128: 20}, backlog=True) is None  # one busy second is not enough
+    assert (
+        rate.observe(1.0, {128: 20}, backlog=True) is None
+    )  # one busy second is not a whole chunk
     assert rate.observe(2.0, {128: 40}, backlog=True) == 20.0
 
 
 def test_without_a_backlog_deliveries_are_arrivals_and_give_no_rate() -> None:
-    rate = ServiceRate(min_busy_s=1.0)
+    rate = ServiceRate(chunk_s=1.0)
     readings = [rate.observe(float(t), {128: 5 * t}, backlog=False) for t in range(10)]
     assert readings == [None] * 10
 
 
-def test_a_rate_measured_earlier_is_not_trusted_once_the_backlog_is_gone() -> None:
-    rate = ServiceRate(min_busy_s=1.0)
+def test_a_rate_outlives_the_backlog_only_for_the_window() -> None:
+    # The next burst lands between two refreshes: the capacity just measured still holds.
+    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(2.0, {128: 40}, backlog=True) == 20.0
-    assert rate.observe(3.0, {128: 45}, backlog=False) is None
+    assert rate.observe(3.0, {128: 45}, backlog=False) == 20.0
+    assert rate.observe(8.0, {128: 45}, backlog=False) is None
 
 
 def test_deliveries_in_batch_sized_jumps_average_to_the_true_rate() -> None:
     # A worker reads 16 entries every 0.8 s (20/s); the gateway looks every 0.25 s.
-    rate = ServiceRate(window_s=10.0, min_busy_s=2.0)
+    rate = ServiceRate(window_s=10.0, chunk_s=2.0)
     seen = None
     for step in range(40):
         now = step * 0.25
@@ -132,7 +137,7 @@ def test_deliveries_in_batch_sized_jumps_average_to_the_true_rate() -> None:
 
 
 def test_a_store_that_cannot_count_reports_no_rate_and_forgets_the_window() -> None:
-    rate = ServiceRate(min_busy_s=1.0)
+    rate = ServiceRate(chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(1.0, {128: 10}, backlog=True) == 10.0
     assert rate.observe(2.0, None, backlog=True) is None
@@ -140,14 +145,14 @@ def test_a_store_that_cannot_count_reports_no_rate_and_forgets_the_window() -> N
 
 
 def test_a_counter_that_went_back_after_redis_lost_its_data_is_ignored() -> None:
-    rate = ServiceRate(min_busy_s=1.0)
+    rate = ServiceRate(chunk_s=1.0)
     rate.observe(0.0, {128: 1000}, backlog=True)
     assert rate.observe(1.0, {128: 3}, backlog=True) is None
     assert rate.observe(2.0, {128: 13}, backlog=True) == 10.0
 
 
 def test_old_intervals_leave_the_window_so_the_rate_follows_the_workers() -> None:
-    rate = ServiceRate(window_s=5.0, min_busy_s=1.0)
+    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
     read = 0
     for t in range(10):  # 10/s, then a second worker joins: 30/s
         read += 10 if t < 5 else 30
@@ -156,13 +161,24 @@ def test_old_intervals_leave_the_window_so_the_rate_follows_the_workers() -> Non
 
 
 def test_a_batch_longer_than_the_window_is_not_a_zero_rate() -> None:
-    rate = ServiceRate(window_s=5.0, min_busy_s=1.0)
+    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
     assert [rate.observe(float(t), {128: 16}, backlog=True) for t in range(6)] == [None] * 6
 
 
 def test_a_bucket_first_counted_mid_run_adds_only_what_it_delivers_from_then_on() -> None:
     # Redis counts a bucket's deliveries only once something was read from it.
-    rate = ServiceRate(min_busy_s=1.0)
+    rate = ServiceRate(chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(1.0, {128: 10, 256: 500}, backlog=True) == 10.0
-    assert rate.observe(2.0, {128: 20, 256: 505}, backlog=True) == 12.5
+    rate.observe(2.0, {128: 20, 256: 505}, backlog=True)
+    assert rate.observe(3.0, {128: 30, 256: 510}, backlog=True) == 15.0
+
+
+def test_a_rush_of_expired_entries_being_skipped_does_not_pass_for_capacity() -> None:
+    # 20/s of real work, then one chunk in which the worker skipped 600 expired entries.
+    rate = ServiceRate(window_s=10.0, chunk_s=1.0)
+    read = 0
+    for t in range(1, 10):
+        read += 600 if t == 5 else 20
+        seen = rate.observe(float(t), {128: read}, backlog=True)
+    assert seen == 20.0
