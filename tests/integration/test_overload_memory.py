@@ -1,0 +1,84 @@
+"""Sustained overload: the gateway refuses fast with Retry-After and its memory stays flat.
+
+A small, generous version of `benchmarks/overload.py` (which measures all three processes at
+ten times the sustainable rate with a lighter client): five times what the worker can serve,
+for eight seconds, at a rate the httpx client keeps up with on two shared cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import statistics
+import threading
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from common import loadgen
+from tests.conftest import Processes, wait_ready
+
+RSS_GROWTH_BOUND_MB = 150.0
+SUSTAINABLE_PER_S = 20  # four entries per 200 ms batch
+
+
+def rss_mb(pid: int) -> float:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", text, re.M).group(1)) / 1024
+
+
+class PeakRss(threading.Thread):
+    """The highest RSS seen, sampled every quarter second on its own thread."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid = pid
+        self.peak_mb = rss_mb(pid)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.25):
+            self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
+
+
+async def _refusal(url: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return await client.post("/v1/embeddings", json={"input": "one more"})
+
+
+def test_sustained_overload_is_refused_fast_and_the_gateway_memory_stays_bounded(
+    redis_url: str, processes: Processes
+) -> None:
+    common = {"redis_url": redis_url, "model": "noop", "max_queue_depth": 20}
+    processes.start("worker", noop_compute_ms=200, max_batch_size=4, **common)
+    gateway = processes.start("gateway", log_level="error", **common)
+    wait_ready(gateway)
+    bodies = [{"input": t} for t in loadgen.workload("short", 200)]
+    # Warm up so what the first requests allocate once is not counted as growth.
+    asyncio.run(loadgen.open_loop(gateway.base_url, bodies, rate=20, duration_s=2))
+    start_mb = rss_mb(gateway.popen.pid)
+    peak = PeakRss(gateway.popen.pid)
+    peak.start()
+
+    async def overload() -> tuple[list[loadgen.Sample], httpx.Response]:
+        load = asyncio.create_task(
+            loadgen.open_loop(gateway.base_url, bodies, rate=5 * SUSTAINABLE_PER_S, duration_s=8)
+        )
+        await asyncio.sleep(4)
+        refused = await _refusal(gateway.base_url)
+        samples, _ = await load
+        return samples, refused
+
+    samples, refused = asyncio.run(overload())
+    peak.done.set()
+    peak.join()
+
+    statuses = Counter(s.status for s in samples)
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[503] > statuses[200] > 0, statuses
+    assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+    refusal_s = statistics.median(s.latency_s for s in samples if s.status == 503)
+    assert refusal_s < 0.25, f"a refusal took {refusal_s * 1000:.0f} ms at the median"
+    growth_mb = peak.peak_mb - start_mb
+    assert growth_mb < RSS_GROWTH_BOUND_MB, f"gateway RSS grew {growth_mb:.0f} MB"
