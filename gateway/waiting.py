@@ -47,9 +47,15 @@ async def await_replies(request: Request, futures: Sequence[asyncio.Future], tim
     if gathered in done:
         return gathered.result()
     gathered.cancel()
+    gathered.add_done_callback(_retrieve)  # its CancelledError is expected, not news
     if watcher in done:
         raise ClientGone("client disconnected before the answer was ready")
     raise DeadlineExceeded(f"no answer within {timeout_ms} ms")
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 class Canceller:

@@ -1,0 +1,122 @@
+"""A worker SIGKILLed mid-generation: every request still gets exactly one clear outcome.
+
+A whole (non-streamed) answer is completed by a peer; a stream that already relayed text ends
+with an error event rather than repeating it; a stream that had relayed nothing completes as
+if nothing had happened. Real redis-server, real processes and signals, a random Llama big
+enough that 1,500 tokens take seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.conftest import Processes, free_port, wait_ready, wait_workers
+from tests.integration.test_generation import metric
+from worker.tiny_model import TinyShape, write_tiny_model
+
+pytestmark = pytest.mark.slow
+QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
+LONG = 1500
+
+
+@pytest.fixture(scope="module")
+def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    shape = TinyShape(layers=4, hidden=256, intermediate=512, max_positions=4096)
+    return write_tiny_model(tmp_path_factory.mktemp("slow") / "slow-llama", shape)
+
+
+def wait_running(metrics_url: str, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric(metrics_url, "microbatch_running_sequences") >= count:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{count} sequences never ran")
+
+
+async def read_stream(client: httpx.AsyncClient, body: dict, events: list) -> None:
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                data = line[6:]
+                events.append(data if data == "[DONE]" else orjson.loads(data))
+
+
+def text_events(events: list) -> list[dict]:
+    return [e for e in events if isinstance(e, dict) and "choices" in e]
+
+
+def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
+    redis_url: str, processes: Processes, slow_model: Path
+) -> None:
+    common = {"redis_url": redis_url, "model": slow_model, **QUICK}
+    port = free_port()
+    # One sequence at a time: the stream waits, unsent, behind the whole answer.
+    doomed = processes.start("worker", metrics_port=port, max_running_seqs=1, **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+    whole_body = {"prompt": "kalo mine", "max_tokens": LONG, "temperature": 0}
+    stream_body = {"prompt": "sati vobe", "max_tokens": 20, "temperature": 0}
+
+    async def scenario() -> tuple[httpx.Response, list]:
+        events: list = []
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+            whole = asyncio.create_task(client.post("/v1/completions", json=whole_body))
+            await asyncio.to_thread(wait_running, f"http://127.0.0.1:{port}/metrics", 1)
+            stream = asyncio.create_task(read_stream(client, stream_body, events))
+            await asyncio.sleep(0.5)  # the stream's entry is read and held, not started
+            assert not events
+            doomed.signal(signal.SIGKILL)
+            processes.start("worker", **common)
+            response = await whole
+            await stream
+        return response, events
+
+    response, events = asyncio.run(scenario())
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["usage"]["completion_tokens"] == LONG
+    assert not response.headers["x-microbatch-worker"].endswith(str(doomed.popen.pid))
+    assert events[-1] == "[DONE]"
+    assert not [e for e in events if isinstance(e, dict) and "error" in e]
+    alone = httpx.post(f"{gateway.base_url}/v1/completions", json=stream_body, timeout=60)
+    streamed = "".join(e["choices"][0]["text"] for e in text_events(events))
+    assert streamed == alone.json()["choices"][0]["text"]
+
+
+def test_a_stream_whose_worker_dies_after_sending_text_ends_with_an_error_not_repeats(
+    redis_url: str, processes: Processes, slow_model: Path
+) -> None:
+    common = {"redis_url": redis_url, "model": slow_model, **QUICK}
+    doomed = processes.start("worker", **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+    body = {"prompt": "kalo mine", "max_tokens": LONG, "temperature": 0}
+
+    async def scenario() -> list:
+        events: list = []
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+            stream = asyncio.create_task(read_stream(client, body, events))
+            while len(text_events(events)) < 3:
+                await asyncio.sleep(0.01)
+            doomed.signal(signal.SIGKILL)
+            processes.start("worker", **common)
+            await asyncio.wait_for(stream, 90)
+        return events
+
+    events = asyncio.run(scenario())
+    assert events[-1] == "[DONE]"
+    errors = [e for e in events if isinstance(e, dict) and "error" in e]
+    assert len(errors) == 1 and errors[0]["error"]["code"] == "worker_failed", errors
+    assert events[-2] is errors[0]  # nothing after the error but [DONE]
+    relayed = text_events(events)
+    assert all(e["choices"][0]["finish_reason"] is None for e in relayed)
+    wait_workers(gateway, str(slow_model), 1)
