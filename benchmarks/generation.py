@@ -154,6 +154,32 @@ def arm_transformers_cb(model, arrivals, prompts, new) -> dict:
     return summary("(d) transformers continuous batching", tokens, end - t0, ttft)
 
 
+async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, int]:
+    """One streamed request at its arrival time: (time to first token, tokens generated)."""
+    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+    body = {
+        "prompt": prompt,
+        "max_tokens": n,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    first, tokens = None, 0
+    headers = {"X-Microbatch-Timeout-Ms": "600000"}  # the arms are judged on throughput
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"microbatch answered an error: {event['error']}")
+            first = first or time.perf_counter()
+            tokens = event.get("usage", {}).get("completion_tokens", tokens)
+    if tokens != n:
+        raise RuntimeError(f"asked for {n} tokens, got {tokens}")
+    return first - (t0 + at), tokens
+
+
 def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
     import httpx
 
@@ -203,30 +229,11 @@ def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
                 pass
             time.sleep(0.2)
 
-        async def one(client, t0: float, at: float, prompt, n) -> tuple[float, int]:
-            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-            body = {
-                "prompt": prompt,
-                "max_tokens": n,
-                "temperature": 0,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-            }
-            first, tokens = None, 0
-            async with client.stream("POST", "/v1/completions", json=body) as response:
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    event = json.loads(line[6:])
-                    first = first or time.perf_counter()
-                    tokens = event.get("usage", {}).get("completion_tokens", tokens)
-            return first - (t0 + at), tokens
-
         async def run() -> tuple[list, float, float]:
             async with httpx.AsyncClient(base_url=base, timeout=1200) as client:
                 t0 = time.perf_counter()
                 out = await asyncio.gather(
-                    *(one(client, t0, *x) for x in zip(arrivals, prompts, new, strict=True))
+                    *(stream_one(client, t0, *x) for x in zip(arrivals, prompts, new, strict=True))
                 )
                 return out, t0, time.perf_counter()
 

@@ -166,6 +166,9 @@ class ModelInfo:
     max_tokens: int
     vocab_size: int
     tokenizer_sha256: str
+    chat_template: str  # Jinja, as in tokenizer_config.json; "" when the model has none
+    bos_token: str  # the special tokens a chat template may name
+    eos_token: str
     v: int = VERSION
 
 

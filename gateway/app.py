@@ -360,7 +360,24 @@ def _models_body(gw: Gateway) -> dict:
 
 
 def _install_routes(app: FastAPI) -> None:
+    from gateway.chat import chat_completions
     from gateway.completions import COMPLETIONS_SCHEMA, completions
+    from gateway.schemas import ChatCompletionRequest
+
+    app.add_api_route(
+        "/v1/chat/completions",
+        chat_completions,
+        methods=["POST"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": ChatCompletionRequest.model_json_schema()}
+                },
+            }
+        },
+        summary="Create chat completions (OpenAI-compatible; the model's chat template)",
+    )
 
     app.add_api_route(
         "/v1/completions",

@@ -49,7 +49,7 @@ from gateway.app import (
     validation_error,
 )
 from gateway.catalog import ModelEntry
-from gateway.schemas import CompletionRequest
+from gateway.schemas import CompletionRequest, GenerationParams
 from gateway.waiting import ClientGone, await_replies
 
 ROUTE = "/v1/completions"
@@ -63,7 +63,7 @@ MAX_STOP_CHARS = 256
 CAUSAL_LM = "causal-lm"
 
 
-def _stops(req: CompletionRequest) -> list[str]:
+def _stops(req: GenerationParams) -> list[str]:
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stops) > MAX_STOP_SEQUENCES:
         raise InvalidRequest(
@@ -99,18 +99,28 @@ async def _prompts(gw: Gateway, model: ModelEntry, req: CompletionRequest) -> li
         exc.message = exc.message.replace("input", "prompt")
         exc.param = (exc.param or "prompt").replace("input", "prompt")
         raise
-    context = model.info.max_tokens
+    return prompts
+
+
+def new_token_limits(
+    prompts: list[np.ndarray], asked: int | None, context: int, param: str = "max_tokens"
+) -> list[int]:
+    """New tokens per prompt: what was asked (checked against the context together with the
+    prompt), or all the context leaves when nothing was asked."""
+    limits = []
     for i, ids in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if len(ids) == 0:
             raise InvalidRequest(f"{where} is empty after tokenization", param=where)
-        if len(ids) + req.max_tokens > context:
+        wanted = context - len(ids) if asked is None else asked
+        if wanted < 1 or len(ids) + wanted > context:
             raise ContextLengthExceeded(
-                f"{where} has {len(ids)} tokens and max_tokens is {req.max_tokens}: "
-                f"{len(ids) + req.max_tokens} exceeds the model's context of {context} tokens",
-                param="max_tokens",
+                f"{where} has {len(ids)} tokens and {param} is {wanted}: "
+                f"{len(ids) + wanted} exceeds the model's context of {context} tokens",
+                param=param,
             )
-    return prompts
+        limits.append(wanted)
+    return limits
 
 
 @dataclass(slots=True)
@@ -124,8 +134,9 @@ class _Submitted:
 def _entries(
     gw: Gateway,
     model: ModelEntry,
-    req: CompletionRequest,
+    req: GenerationParams,
     prompts: list[np.ndarray],
+    new_tokens: list[int],
     timeout_ms: int,
     prio: int,
     request_id: str,
@@ -134,7 +145,7 @@ def _entries(
     base = gw.next_id()
     stops = _stops(req)
     items, ids = [], []
-    for i, prompt in enumerate(prompts):
+    for i, (prompt, n_new) in enumerate(zip(prompts, new_tokens, strict=True)):
         entry = GenerateEntry(
             id=f"{base}.{i}",
             request_id=request_id,
@@ -144,7 +155,7 @@ def _entries(
             priority=prio,
             reply_to=gw.router.stream,
             enqueued_ms=now_ms,
-            max_tokens=req.max_tokens,
+            max_tokens=n_new,
             temperature=float(req.temperature),
             top_p=float(req.top_p),
             seed=-1 if req.seed is None else req.seed,
@@ -172,23 +183,53 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def _choice(index: int, chunk: GenerationChunk, with_ids: bool) -> dict:
-    choice = {
-        "index": index,
-        "text": chunk.text,
-        "logprobs": None,
-        "finish_reason": chunk.finish_reason or None,
-    }
-    if with_ids:
-        choice["token_ids"] = chunk.token_ids().tolist()
-    return choice
+@dataclass(frozen=True, slots=True)
+class Format:
+    """How a route shapes its answers: OpenAI's legacy completions, or chat."""
+
+    route: str
+    id_prefix: str
+    whole_object: str
+    chunk_object: str
+    chat: bool
+
+    def event_choice(self, index: int, chunk: GenerationChunk, with_ids: bool, first: bool):
+        """One choice of a streamed event; a chat stream names the role in its first delta."""
+        if self.chat:
+            delta = {"role": "assistant"} if first else {}
+            if chunk.text:
+                delta["content"] = chunk.text
+            choice: dict = {"index": index, "delta": delta}
+        else:
+            choice = {"index": index, "text": chunk.text}
+        return self._finish(choice, chunk, with_ids)
+
+    def whole_choice(self, index: int, chunk: GenerationChunk, with_ids: bool) -> dict:
+        if self.chat:
+            choice: dict = {"index": index, "message": {"role": "assistant", "content": chunk.text}}
+        else:
+            choice = {"index": index, "text": chunk.text}
+        return self._finish(choice, chunk, with_ids)
+
+    @staticmethod
+    def _finish(choice: dict, chunk: GenerationChunk, with_ids: bool) -> dict:
+        choice["logprobs"] = None
+        choice["finish_reason"] = chunk.finish_reason or None
+        if with_ids:
+            choice["token_ids"] = chunk.token_ids().tolist()
+        return choice
 
 
-def _whole_body(request_id: str, name: str, sub: _Submitted, finals: list, with_ids: bool) -> bytes:
-    choices = [_choice(i, c, with_ids) for i, c in enumerate(finals)]
+TEXT = Format(ROUTE, "cmpl-", "text_completion", "text_completion", chat=False)
+
+
+def _whole_body(
+    fmt: Format, request_id: str, name: str, sub: _Submitted, finals: list, with_ids: bool
+) -> bytes:
+    choices = [fmt.whole_choice(i, c, with_ids) for i, c in enumerate(finals)]
     body = {
-        "id": f"cmpl-{request_id}",
-        "object": "text_completion",
+        "id": f"{fmt.id_prefix}{request_id}",
+        "object": fmt.whole_object,
         "created": sub.created,
         "model": name,
         "choices": choices,
@@ -198,6 +239,19 @@ def _whole_body(request_id: str, name: str, sub: _Submitted, finals: list, with_
 
 
 async def completions(request: Request) -> Response:
+    return await serve_generation(request, TEXT, CompletionRequest, _completion_prompts)
+
+
+async def _completion_prompts(
+    gw: Gateway, model: ModelEntry, req: CompletionRequest
+) -> tuple[list[np.ndarray], list[int]]:
+    prompts = await _prompts(gw, model, req)
+    return prompts, new_token_limits(prompts, req.max_tokens, model.info.max_tokens)
+
+
+async def serve_generation(request: Request, fmt: Format, schema: type, prepare) -> Response:
+    """The shared path of both generation routes: `prepare` turns the validated body into
+    token ids per prompt and new tokens per prompt; everything else is the same."""
     gw: Gateway = request.app.state.gateway
     started = time.perf_counter()
     metrics.inflight_requests.inc()
@@ -206,7 +260,7 @@ async def completions(request: Request) -> Response:
         request_id = request_id_of(request)
         authorize(gw, request)
         try:
-            req = CompletionRequest.model_validate_json(await request.body())
+            req = schema.model_validate_json(await request.body())
         except ValidationError as exc:
             raise validation_error(exc) from None
         name = req.model or gw.settings.model
@@ -218,12 +272,14 @@ async def completions(request: Request) -> Response:
                 param="model",
             )
         timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
-        prompts = await _prompts(gw, model, req)
+        prompts, new_tokens = await prepare(gw, model, req)
         admit_or_refuse(gw, model, len(prompts), timeout_ms)
-        sub, items = _entries(gw, model, req, prompts, timeout_ms, priority_of(request), request_id)
+        sub, items = _entries(
+            gw, model, req, prompts, new_tokens, timeout_ms, priority_of(request), request_id
+        )
         if req.stream:
             status = 200
-            return _stream(gw, model.info.name, request_id, req, sub, items)
+            return _stream(gw, fmt, model.info.name, request_id, req, sub, items)
         futures = [gw.router.expect(i) for i in sub.ids]
         try:
             await gw.enqueuer.add(items)
@@ -236,7 +292,7 @@ async def completions(request: Request) -> Response:
         finals = [_raise_if_error(r) for r in replies]
         status = 200
         return Response(
-            _whole_body(request_id, name, sub, finals, req.return_token_ids),
+            _whole_body(fmt, request_id, name, sub, finals, req.return_token_ids),
             200,
             {
                 "X-Request-ID": request_id,
@@ -249,8 +305,10 @@ async def completions(request: Request) -> Response:
         return error_response(exc, request_id)
     finally:
         metrics.inflight_requests.dec()
-        metrics.requests_total.labels(ROUTE, label, str(status)).inc()
-        metrics.request_duration_seconds.labels(ROUTE, label).observe(time.perf_counter() - started)
+        metrics.requests_total.labels(fmt.route, label, str(status)).inc()
+        metrics.request_duration_seconds.labels(fmt.route, label).observe(
+            time.perf_counter() - started
+        )
 
 
 class _CancellingStream(StreamingResponse):
@@ -280,9 +338,15 @@ class _Relay:
     """Turns the chunks of one request's prompts into SSE events, in order, then [DONE]."""
 
     def __init__(
-        self, gw: Gateway, name: str, request_id: str, req: CompletionRequest, sub: _Submitted
+        self,
+        gw: Gateway,
+        fmt: Format,
+        name: str,
+        request_id: str,
+        req: GenerationParams,
+        sub: _Submitted,
     ) -> None:
-        self.gw, self.name, self.request_id, self.sub = gw, name, request_id, sub
+        self.gw, self.fmt, self.name, self.request_id, self.sub = gw, fmt, name, request_id, sub
         self.queue: asyncio.Queue = asyncio.Queue()
         self.states = {entry_id: _ChoiceState() for entry_id in sub.ids}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -292,8 +356,8 @@ class _Relay:
 
     def _data(self, choices: list, **extra: object) -> bytes:
         body = {
-            "id": f"cmpl-{self.request_id}",
-            "object": "text_completion",
+            "id": f"{self.fmt.id_prefix}{self.request_id}",
+            "object": self.fmt.chunk_object,
             "created": self.sub.created,
             "model": self.name,
             "choices": choices,
@@ -354,7 +418,9 @@ class _Relay:
             self.gw.router.answered(chunk.id)
         if not chunk.text and not chunk.finish_reason:
             return b"", False
-        return self._data([_choice(self.sub.ids.index(chunk.id), chunk, self.with_ids)]), False
+        first = state.relayed == 1
+        choice = self.fmt.event_choice(self.sub.ids.index(chunk.id), chunk, self.with_ids, first)
+        return self._data([choice]), False
 
     def close(self) -> None:
         """However the stream ended: stop listening, and cancel what still generates."""
@@ -365,13 +431,14 @@ class _Relay:
 
 def _stream(
     gw: Gateway,
+    fmt: Format,
     name: str,
     request_id: str,
-    req: CompletionRequest,
+    req: GenerationParams,
     sub: _Submitted,
     items: list[tuple[str, bytes]],
 ) -> Response:
-    relay = _Relay(gw, name, request_id, req, sub)
+    relay = _Relay(gw, fmt, name, request_id, req, sub)
     return _CancellingStream(relay.events(items), relay.close, {"X-Request-ID": request_id})
 
 

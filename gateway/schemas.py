@@ -30,14 +30,11 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class CompletionRequest(BaseModel):
-    """OpenAI's legacy completions body; options microbatch does not implement are refused."""
+class GenerationParams(BaseModel):
+    """What both generation routes share; options microbatch does not implement are refused."""
 
     model_config = ConfigDict(extra="ignore")
 
-    prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]] = Field(
-        description="A string, a list of strings, a token list or a list of token lists"
-    )
     model: StrictStr | None = Field(default=None, max_length=256)
     max_tokens: StrictInt = Field(default=16, ge=1, description="New tokens at most")
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0 = greedy")
@@ -53,7 +50,53 @@ class CompletionRequest(BaseModel):
     return_token_ids: bool = Field(
         default=False, description="Also return each choice's generated token ids (as vLLM)"
     )
+
+
+class CompletionRequest(GenerationParams):
+    """OpenAI's legacy completions body."""
+
+    prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]] = Field(
+        description="A string, a list of strings, a token list or a list of token lists"
+    )
     echo: Literal[False] = False
     best_of: Literal[1] | None = None
     logprobs: None = None
     suffix: None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(GenerationParams):
+    """OpenAI's chat completions body, rendered with the model's own chat template."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    logprobs: Literal[False] | None = None
+    top_logprobs: None = None
+    tools: None = None
+    tool_choice: None = None
+    response_format: None = None
+
+    @property
+    def new_tokens(self) -> int | None:
+        """What the client asked for; None: up to the model's context, as vLLM does."""
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens if "max_tokens" in self.model_fields_set else None

@@ -46,6 +46,10 @@ class ModelTokenizer:
             self._check_lengths(out)
         return out
 
+    def encode_plain(self, text: str) -> np.ndarray:
+        """A rendered chat prompt: its template already wrote every special token."""
+        return np.asarray(self._plain.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
     def check_token_lists(
         self, lists: Sequence[Sequence[int]], truncate: bool, check: bool = True
     ) -> list[np.ndarray]:
@@ -91,6 +95,12 @@ class TokenizePool:
         return await loop.run_in_executor(
             self._executor, tokenizer.encode_texts, texts, truncate, check
         )
+
+    async def run(self, chars: int, fn, *args):
+        """`fn(*args)` inline when `chars` is small, else on the pool."""
+        if chars <= self._inline_chars:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from worker.generation import prefill_groups
+
 
 @dataclass(slots=True)
 class Sampling:
@@ -131,11 +133,6 @@ class GenerationEngine:
 
     # ---- state the scheduler reads --------------------------------------------------------
 
-    @property
-    def running(self) -> dict[int, int]:
-        """Running sequence key -> tokens in its cache."""
-        return {row.key: row.length for row in self._rows}
-
     def cache_positions(self) -> int:
         """Padded positions in use: rows x the longest row, what the KV budget bounds."""
         return len(self._rows) * max((row.length for row in self._rows), default=0)
@@ -151,13 +148,12 @@ class GenerationEngine:
                 self._remove_row(index)
 
     @torch.inference_mode()
-    def step(self, groups: Sequence[Sequence[Admission]]) -> dict[int, int]:
-        """Decode one token for every running sequence, then prefill each group of newcomers
-        (each group one length bucket); returns each sequence's new token."""
+    def step(self, newcomers: Sequence[Admission]) -> dict[int, int]:
+        """Decode one token for every running sequence, then prefill the newcomers, those of
+        similar length together; returns each sequence's new token."""
         new_tokens = self._decode() if self._rows else {}
-        for group in groups:
-            if group:
-                new_tokens.update(self._prefill(group))
+        for group in prefill_groups([len(a.tokens) for a in newcomers]):
+            new_tokens.update(self._prefill([newcomers[i] for i in group]))
         return new_tokens
 
     def _decode(self) -> dict[int, int]:

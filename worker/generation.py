@@ -84,3 +84,21 @@ def plan_step(
         lengths.append(seq.length)
         step_tokens += seq.length
     return StepPlan((), tuple(admit))
+
+
+def prefill_groups(lengths: Sequence[int], max_padding: float = 0.1) -> list[list[int]]:
+    """Indices of newcomers grouped for prefill: similar lengths together, so padding stays
+    under `max_padding` of each group's tokens. A prefill is compute-bound on its own, so
+    a group buys little and padding costs in full: groups are only ever as large as free."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        group = groups[-1] if groups else None
+        if group is not None:
+            real = sum(lengths[j] for j in group) + lengths[i]
+            padded = lengths[i] * (len(group) + 1)  # sorted: the newcomer is the longest
+            if padded - real <= max_padding * padded:
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups

@@ -31,7 +31,7 @@ Reply = tuple[str, bytes]
 
 
 @dataclass(slots=True)
-class Sequence:
+class Generating:
     """One prompt being generated here, from admission to its final answer."""
 
     held: Held
@@ -78,8 +78,8 @@ class GenerationConsumer(Consumer):
         self._engine = engine
         self._tokenizer = tokenizer
         self._engine_limits = EngineLimits.from_settings(settings)
-        self._waiting: dict[int, Sequence] = {}
-        self._running: dict[int, Sequence] = {}
+        self._waiting: dict[int, Generating] = {}
+        self._running: dict[int, Generating] = {}
         self._order = itertools.count()
         self._publish_lock = asyncio.Lock()
         self._retire: list[int] = []  # rows to free before the next step
@@ -99,7 +99,7 @@ class GenerationConsumer(Consumer):
         entry = held.entry
         assert isinstance(entry, GenerateEntry)
         key = next(self._seq)
-        self._waiting[key] = Sequence(
+        self._waiting[key] = Generating(
             held=held,
             order=next(self._order),
             sampling=Sampling(entry.temperature, entry.top_p, entry.seed),
@@ -141,16 +141,12 @@ class GenerationConsumer(Consumer):
             await self._step(loop, admitted)
 
     async def _step(self, loop: asyncio.AbstractEventLoop, admitted: list) -> None:
-        groups: dict[int, list[Admission]] = {}
-        for key, seq in admitted:
-            groups.setdefault(seq.held.bucket, []).append(
-                Admission(key, seq.tokens(), seq.sampling)
-            )
+        newcomers = [Admission(key, seq.tokens(), seq.sampling) for key, seq in admitted]
         retire, self._retire = self._retire, []
 
         def work() -> dict[int, int]:
             self._engine.retire(retire)
-            return self._engine.step(list(groups.values()))
+            return self._engine.step(newcomers)
 
         self._batch_started_s = self._clock()
         try:
@@ -192,7 +188,7 @@ class GenerationConsumer(Consumer):
         if finished:
             self._changed.set()  # room for the reader
 
-    def _observe_token(self, seq: Sequence, now_s: float) -> None:
+    def _observe_token(self, seq: Generating, now_s: float) -> None:
         if seq.last_token_s is None:
             ttft_ms = _wall_ms() - seq.entry.enqueued_ms
             metrics.time_to_first_token_seconds.labels(self._model).observe(max(0, ttft_ms) / 1000)
@@ -200,7 +196,7 @@ class GenerationConsumer(Consumer):
             metrics.inter_token_seconds.labels(self._model).observe(now_s - seq.last_token_s)
         seq.last_token_s = now_s
 
-    def _advance(self, seq: Sequence, token: int) -> tuple[str, str]:
+    def _advance(self, seq: Generating, token: int) -> tuple[str, str]:
         """Take one token: the text it releases and the finish reason ("" while going on)."""
         seq.generated.append(token)
         seq.unsent.append(token)
@@ -217,7 +213,7 @@ class GenerationConsumer(Consumer):
             return (text, "stop") if hit else (text + seq.stopper.finish(), "length")
         return text, ""
 
-    def _chunk(self, seq: Sequence, text: str, finish: str) -> Reply | None:
+    def _chunk(self, seq: Generating, text: str, finish: str) -> Reply | None:
         entry = seq.entry
         if not entry.stream:
             if not finish:
@@ -264,7 +260,7 @@ class GenerationConsumer(Consumer):
             metrics.running_sequences.labels(self._model).set(len(self._running))
         return replies, done
 
-    def _unwanted(self, seq: Sequence, now_ms: int) -> bool:
+    def _unwanted(self, seq: Generating, now_ms: int) -> bool:
         return seq.entry.id in self._cancelled or seq.entry.deadline_ms <= now_ms
 
     def _publish_in_order(self, replies: list[Reply], done: list[tuple[str, str]]) -> None:

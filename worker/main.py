@@ -60,6 +60,9 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         max_tokens=model.max_tokens,
         vocab_size=model.files.vocab_size,
         tokenizer_sha256=model.files.tokenizer_sha256,
+        chat_template=model.files.chat_template,
+        bos_token=model.files.bos_token,
+        eos_token=model.files.eos_token,
     )
     await streams.register_model(
         store,
@@ -108,6 +111,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
                 await asyncio.sleep(0.5)
         log.info("worker %s serving %s", consumer.name, settings.model)
         await consumer.run(stop)
+        if consumer.crashed:
+            raise RuntimeError("a worker loop failed (logged above); exiting for a restart")
         log.info("worker %s drained after %d batches", consumer.name, consumer.batches_run)
     finally:
         if own_store:

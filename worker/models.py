@@ -32,6 +32,9 @@ class ModelFiles:
     dim: int
     pooling: Pooling
     causal_lm: bool  # a text generator (…ForCausalLM), served by the generation engine
+    chat_template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -101,7 +104,31 @@ def describe(name: str) -> ModelFiles:
         dim=int(config.get("hidden_size", 0)),
         pooling=read_pooling(path),
         causal_lm=is_causal_lm(config),
+        chat_template=read_chat_template(path, tok_config),
+        bos_token=_token_text(tok_config.get("bos_token")),
+        eos_token=_token_text(tok_config.get("eos_token")),
     )
+
+
+def read_chat_template(path: Path, tok_config: dict) -> str:
+    """The default chat template, wherever transformers keeps it for this folder."""
+    for name in ("chat_template.jinja",):
+        if (path / name).is_file():
+            return (path / name).read_text()
+    template = tok_config.get("chat_template") or _read_json(path / "chat_template.json").get(
+        "chat_template", ""
+    )
+    if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
+        named = {t.get("name"): t.get("template", "") for t in template}
+        template = named.get("default", next(iter(named.values()), ""))
+    return template if isinstance(template, str) else ""
+
+
+def _token_text(token: object) -> str:
+    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else ""
 
 
 def is_causal_lm(config: dict) -> bool:

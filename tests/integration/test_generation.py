@@ -251,6 +251,79 @@ def test_embeddings_on_a_causal_lm_are_refused_with_a_pointer(served) -> None:
     assert "/v1/completions" in response.json()["error"]["message"]
 
 
+def test_chat_completions_render_the_models_own_template(served, tiny_model: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base, _, _ = served
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "kalo mine rusa?"},
+    ]
+    body = {"messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": True}
+    answer = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    prompt = list(encoded["input_ids"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model).eval()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False)
+    choice = answer["choices"][0]
+    assert answer["object"] == "chat.completion"
+    assert answer["usage"]["prompt_tokens"] == len(prompt)
+    assert choice["token_ids"] == out[0, len(prompt) :].tolist()
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"] == tokenizer.decode(
+        choice["token_ids"], skip_special_tokens=True
+    )
+
+
+def test_a_streamed_chat_names_the_role_first_and_joins_to_the_whole_answer(served) -> None:
+    base, _, _ = served
+    body = {"messages": [{"role": "user", "content": "sati"}], "max_tokens": 30, "temperature": 0}
+    whole = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=60).json()
+    events: list = []
+    with httpx.stream(
+        "POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert streamed == whole["choices"][0]["message"]["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "says"),
+    [
+        ({"messages": []}, 422, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "role"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
+            422,
+            "tools",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5000},
+            400,
+            "context of 1024",
+        ),
+    ],
+)
+def test_bad_chat_requests_get_a_clear_4xx(served, body: dict, status: int, says: str) -> None:
+    base, _, _ = served
+    response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert re.search(says, error["message"]) or says in (error.get("param") or ""), error
+
+
 def test_the_worker_drains_running_generations_on_sigterm(
     redis_url: str, processes: Processes, tiny_model: Path
 ) -> None:

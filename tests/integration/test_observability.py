@@ -61,7 +61,15 @@ def test_metrics_count_the_batches_that_ran(processes: Processes) -> None:
 def test_status_reports_exactly_what_redis_holds(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     info = ModelInfo(
-        name="m", kind="embedding", dim=4, max_tokens=512, vocab_size=10, tokenizer_sha256="x"
+        name="m",
+        kind="embedding",
+        dim=4,
+        max_tokens=512,
+        vocab_size=10,
+        tokenizer_sha256="x",
+        chat_template="",
+        bos_token="",
+        eos_token="",
     )
     client.hset("mb:models", "m", encode(info))
     stream = "mb:{m}:req:256"

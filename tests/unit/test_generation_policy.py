@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from worker.generation import EngineLimits, SeqView, kv_usage, plan_step
+from worker.generation import EngineLimits, SeqView, kv_usage, plan_step, prefill_groups
 
 LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000)
 
@@ -81,3 +81,14 @@ def test_a_plan_never_exceeds_the_limits_once_something_runs(running: list, wait
         assert len(kept) + sum(s.length for s in joined) <= LIMITS.step_tokens
         assert kv_usage([*(s.length + 1 for s in kept), *(s.length for s in joined)]) <= 1000
     assert not (plan.preempt and plan.admit)
+
+
+def test_prefill_groups_join_only_similar_lengths() -> None:
+    lengths = [100, 16, 105, 200, 17, 18, 98]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        real = sum(lengths[i] for i in group)
+        padded = max(lengths[i] for i in group) * len(group)
+        assert padded - real <= 0.1 * padded
+    assert [sorted(g) for g in groups] == [[1, 4, 5], [0, 2, 6], [3]]

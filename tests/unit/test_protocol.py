@@ -62,7 +62,15 @@ MESSAGES = [
     ),
     DeadLetter(stream="s", entry_id="1-0", reason="r", deliveries=3, payload=b"\x00", worker="w"),
     ModelInfo(
-        name="m", kind="embedding", dim=384, max_tokens=512, vocab_size=30522, tokenizer_sha256="ab"
+        name="m",
+        kind="embedding",
+        dim=384,
+        max_tokens=512,
+        vocab_size=30522,
+        tokenizer_sha256="ab",
+        chat_template="{{ messages }}",
+        bos_token="<s>",
+        eos_token="</s>",
     ),
 ]
 

@@ -28,7 +28,15 @@ def test_garbage_bytes_are_dead_lettered() -> None:
 
 def test_a_message_that_is_not_a_request_is_dead_lettered() -> None:
     info = ModelInfo(
-        name="m", kind="embedding", dim=1, max_tokens=1, vocab_size=1, tokenizer_sha256=""
+        name="m",
+        kind="embedding",
+        dim=1,
+        max_tokens=1,
+        vocab_size=1,
+        tokenizer_sha256="",
+        chat_template="",
+        bos_token="",
+        eos_token="",
     )
     assert isinstance(decide(encode(info), 1, NOW, LIMITS), DeadLetter)
 
