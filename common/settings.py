@@ -50,7 +50,12 @@ class Settings(BaseSettings):
     buckets: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [128, 256, 512])
     max_batch_size: int = Field(default=16, gt=0)
     max_batch_tokens: int = Field(default=16_384, gt=0)
-    max_wait_ms: float = Field(default=10.0, ge=0)
+    # A number of ms, or "auto": wait only while waiting raises throughput (see batching.py).
+    max_wait_ms: float | Literal["auto"] = "auto"
+    latency_slo_ms: float = Field(default=100.0, gt=0)  # auto waits at most a quarter of it
+    max_padding_ratio: float = Field(default=0.5, gt=0, le=1)  # before a cost model is fitted
+    starvation_ms: float = Field(default=500.0, gt=0)  # batch traffic passed over this long
+    sort_window: int = Field(default=64, gt=0)  # entries a worker holds to sort by length
     claim_idle_ms: int = Field(default=30_000, gt=0)
     max_batch_ms: int = Field(default=120_000, gt=0)  # longer and the worker counts as hung
     max_deliveries: int = Field(default=3, gt=0)
@@ -63,7 +68,9 @@ class Settings(BaseSettings):
     device: str = "cpu"
     # Generation (causal LMs): continuous batching limits
     max_running_seqs: int = Field(default=32, gt=0)  # sequences decoding together
-    max_step_tokens: int = Field(default=2048, gt=0)  # prefill + decode tokens in one step
+    # Prefill + decode tokens in one step: a CPU prefills a few hundred tokens a second, so
+    # a larger step stalls every running sequence for seconds.
+    max_step_tokens: int = Field(default=512, gt=0)
     kv_cache_tokens: int = Field(default=32_768, gt=0)  # padded KV positions, all sequences
     cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
     noop_dim: int = Field(default=384, gt=0)
@@ -79,6 +86,13 @@ class Settings(BaseSettings):
     @classmethod
     def _parse_lists(cls, value: object) -> object:
         return _split_commas(value)
+
+    @field_validator("max_wait_ms")
+    @classmethod
+    def _wait_not_negative(cls, value: float | str) -> float | str:
+        if value != "auto" and value < 0:
+            raise ValueError("max_wait_ms must be >= 0 or 'auto'")
+        return value
 
     @field_validator("buckets")
     @classmethod

@@ -1,19 +1,28 @@
-"""Batching policy: a pure function of the local bucket queues, the clock and the limits.
+"""Batching policy: a pure function of the local bucket queues, the clock, the limits and load.
 
-`next_batch` answers "what should the model run now?" with a `Batch` or a `Wait`. A bucket
-is ready when its next batch is full (`max_batch_size`), when the padded-token budget
-(`max_batch_tokens`) stops it growing, when its oldest entry has waited `max_wait_s`, or when
-it holds an interactive entry. `max_wait_s` is an upper bound, not a delay: with 0 every
-bucket is ready the moment it holds anything. Batches never mix buckets.
+`next_batch` answers "what should the model run now?" with a `Batch` or a `Wait`. It is asked
+only when the model is free. Within a bucket the batch is built around its anchor — the
+oldest interactive entry, else the oldest batch entry; one passed over for `starvation_s`
+counts as interactive — by adding the anchor's neighbours in length order while the batch
+stays worth it: under the worker's fitted cost model, while real tokens per second do not
+drop; before there is one, while padding stays under `max_padding_ratio` of its tokens. So a
+batch holds similar lengths, every entry is served once it is the oldest, and padding on
+mixed lengths stays low. A bucket is ready when its batch is full (`max_batch_size`), the
+padded-token budget (`max_batch_tokens`) or the length rule stops it growing, its anchor is
+interactive, or waiting no longer pays: after `max_wait_s` from its oldest entry, or, with
+`max_wait_s=None` ("auto"), as soon as the next arrival is not expected within the batch's
+fixed overhead per member (waiting for one more is then slower than running now), within a
+quarter of `latency_slo_s`. Batches never mix buckets.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
+from worker.load import Cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,16 +39,27 @@ class Waiting:
 class Limits:
     max_batch_size: int
     max_batch_tokens: int  # padded: batch size x longest member
-    max_wait_s: float
+    max_wait_s: float | None  # None = auto: wait only while it pays
+    latency_slo_s: float = 0.1  # auto waits at most a quarter of it
+    max_padding_ratio: float = 0.5  # padding share of a batch's tokens, before a cost model
+    starvation_s: float = 0.1  # batch traffic passed over this long is served as interactive
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
-        return cls(settings.max_batch_size, settings.max_batch_tokens, settings.max_wait_ms / 1000)
+        wait = settings.max_wait_ms
+        return cls(
+            settings.max_batch_size,
+            settings.max_batch_tokens,
+            None if wait == "auto" else wait / 1000,
+            settings.latency_slo_ms / 1000,
+            settings.max_padding_ratio,
+            settings.starvation_ms / 1000,
+        )
 
     def with_overrides(self, overrides: Mapping[str, str], min_tokens: int) -> Limits:
         """These limits with live overrides (`max_batch_size`, `max_batch_tokens`,
-        `max_wait_ms` as strings, as an operator or `tune` wrote them). Raises ValueError
-        naming the first bad value; unknown names are errors too, so typos do not pass."""
+        `max_wait_ms` — a number or `auto` — as strings, as an operator or `tune` wrote them).
+        Raises ValueError naming the first bad value; unknown names are errors too."""
         size, tokens, wait_s = self.max_batch_size, self.max_batch_tokens, self.max_wait_s
         for name, raw in overrides.items():
             if name == "max_batch_size":
@@ -47,15 +67,29 @@ class Limits:
             elif name == "max_batch_tokens":
                 tokens = int(raw)
             elif name == "max_wait_ms":
-                wait_s = float(raw) / 1000
+                wait_s = None if raw == "auto" else float(raw) / 1000
             else:
                 raise ValueError(f"unknown live batching setting {name!r}")
-        if size < 1 or tokens < min_tokens or not wait_s >= 0:
+        if size < 1 or tokens < min_tokens or not (wait_s is None or wait_s >= 0):
             raise ValueError(
                 f"live batching settings out of range: max_batch_size {size}, "
-                f"max_batch_tokens {tokens} (at least {min_tokens}), max_wait_ms {wait_s * 1000}"
+                f"max_batch_tokens {tokens} (at least {min_tokens}), max_wait_ms {raw_ms(wait_s)}"
             )
-        return Limits(size, tokens, wait_s)
+        return Limits(
+            size, tokens, wait_s, self.latency_slo_s, self.max_padding_ratio, self.starvation_s
+        )
+
+
+def raw_ms(wait_s: float | None) -> str:
+    return "auto" if wait_s is None else f"{wait_s * 1000:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """What the worker has measured: its batch cost, and arrivals per second per bucket."""
+
+    cost: Cost | None = None
+    arrivals_per_s: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +98,7 @@ class Batch:
     keys: tuple[int, ...]
     padded_tokens: int
     real_tokens: int
-    trigger: str  # size | tokens | wait | priority
+    trigger: str  # size | tokens | split | priority | wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,65 +106,151 @@ class Wait:
     until_s: float | None  # None: nothing queued, wait for arrivals
 
 
-def _take(queue: Sequence[Waiting], limits: Limits) -> tuple[list[Waiting], bool]:
-    """Interactive entries first, then FIFO, while size and padded budget allow.
+def _urgent(w: Waiting, now_s: float, limits: Limits) -> bool:
+    return w.priority == PRIORITY_INTERACTIVE or now_s - w.arrived_s >= limits.starvation_s
 
-    Returns the members and whether the token budget (not the queue running out) stopped it.
+
+@dataclass(slots=True)
+class _Growth:
+    """The batch growing around its anchor: a window of the length-ordered queue."""
+
+    ordered: list[Waiting]
+    lo: int
+    hi: int
+    real: int
+
+    @property
+    def size(self) -> int:
+        return self.hi - self.lo + 1
+
+    @property
+    def longest(self) -> int:
+        return self.ordered[self.hi].n_tokens
+
+    def members(self) -> list[Waiting]:
+        return self.ordered[self.lo : self.hi + 1]
+
+
+def _worth(real: int, padded: int, cost: Cost | None, limits: Limits) -> float:
+    """How good a batch is: real tokens per second under the cost model, else minus padding
+    share (the larger the better); -inf when the padding rule forbids it."""
+    if cost is not None:
+        return real / cost.seconds(padded)
+    padding = 1 - real / padded
+    return -padding if padding <= limits.max_padding_ratio else float("-inf")
+
+
+def _take(
+    queue: Sequence[Waiting], anchor: Waiting, limits: Limits, cost: Cost | None
+) -> tuple[list[Waiting], str | None]:
+    """Grow a batch from the anchor through its neighbours in length order.
+
+    Returns the members and what stopped the growth: "tokens" (padded budget), "split"
+    (the next neighbour would make the batch worse), or None (size reached or queue empty).
     """
-    ordered = sorted(queue, key=lambda w: (w.priority != PRIORITY_INTERACTIVE, w.arrived_s))
-    members: list[Waiting] = []
-    longest = 0
-    for entry in ordered:
-        if len(members) == limits.max_batch_size:
-            break
-        grown = max(longest, entry.n_tokens)
-        if members and grown * (len(members) + 1) > limits.max_batch_tokens:
-            return members, True
-        members.append(entry)
-        longest = grown
-    return members, False
+    ordered = sorted(queue, key=lambda w: (w.n_tokens, w.arrived_s))
+    at = ordered.index(anchor)
+    grow = _Growth(ordered, at, at, anchor.n_tokens)
+    while grow.size < limits.max_batch_size:
+        options = []
+        if grow.lo > 0:  # shorter: the longest member stays
+            options.append((grow.lo - 1, grow.longest))
+        if grow.hi + 1 < len(ordered):  # longer: it becomes the longest
+            options.append((grow.hi + 1, ordered[grow.hi + 1].n_tokens))
+        if not options:
+            return grow.members(), None
+        current = _worth(grow.real, grow.longest * grow.size, cost, limits)
+        best: tuple[float, int] | None = None
+        over_budget = False
+        for index, longest in options:
+            padded = longest * (grow.size + 1)
+            if padded > limits.max_batch_tokens:
+                over_budget = True
+                continue
+            worth = _worth(grow.real + ordered[index].n_tokens, padded, cost, limits)
+            # With a cost model, a member joins only if the batch gets no worse; without one,
+            # while padding stays within the limit.
+            acceptable = worth >= current if cost is not None else worth > float("-inf")
+            if acceptable and (best is None or worth > best[0]):
+                best = (worth, index)
+        if best is None:
+            return grow.members(), "tokens" if over_budget else "split"
+        index = best[1]
+        grow.real += ordered[index].n_tokens
+        grow.lo, grow.hi = min(grow.lo, index), max(grow.hi, index)
+    return grow.members(), None
 
 
-def _trigger(
-    queue: Sequence[Waiting], members: list[Waiting], budget_hit: bool, now_s: float, limits: Limits
-) -> str | None:
-    if len(members) == limits.max_batch_size:
-        return "size"
-    if budget_hit:
-        return "tokens"
-    if any(w.priority == PRIORITY_INTERACTIVE for w in queue):
-        return "priority"
-    if now_s - min(w.arrived_s for w in queue) >= limits.max_wait_s:
-        return "wait"
-    return None
+def _auto_wait_until(
+    queue: Sequence[Waiting], size: int, now_s: float, limits: Limits, load: Load, bucket: int
+) -> float | None:
+    """With auto wait: until when waiting for one more arrival pays, or None to run now.
+
+    Running n entries now costs the fixed overhead once more than running them together with
+    the next arrival, which is expected in 1/rate seconds: waiting pays only while that gap
+    is shorter than the fixed overhead's share per member.
+    """
+    rate = load.arrivals_per_s.get(bucket, 0.0)
+    if load.cost is None or rate <= 0:
+        return None
+    gap_s = 1.0 / rate
+    if gap_s >= load.cost.fixed_s / size:
+        return None
+    oldest = min(w.arrived_s for w in queue)
+    limit_s = oldest + limits.latency_slo_s / 4
+    until = min(now_s + gap_s, limit_s)
+    return until if until > now_s else None
 
 
 def next_batch(
-    queues: Mapping[int, Sequence[Waiting]], now_s: float, limits: Limits
+    queues: Mapping[int, Sequence[Waiting]],
+    now_s: float,
+    limits: Limits,
+    load: Load | None = None,
 ) -> Batch | Wait:
-    """Pick the ready bucket with an interactive entry, else the one waiting longest."""
+    """Pick the ready bucket whose anchor is most urgent: interactive (or starved) first, then
+    the one waiting longest."""
+    load = load or Load()
     best: tuple[tuple[bool, float], Batch] | None = None
     wake: float | None = None
     for bucket, queue in queues.items():
         if not queue:
             continue
-        oldest = min(w.arrived_s for w in queue)
-        members, budget_hit = _take(queue, limits)
-        trigger = _trigger(queue, members, budget_hit, now_s, limits)
-        if trigger is None:
-            deadline = oldest + limits.max_wait_s
-            wake = deadline if wake is None else min(wake, deadline)
-            continue
-        interactive = any(w.priority == PRIORITY_INTERACTIVE for w in queue)
-        rank = (not interactive, oldest)
-        longest = max(w.n_tokens for w in members)
+        anchor = min(queue, key=lambda w: (not _urgent(w, now_s, limits), w.arrived_s))
+        urgent = _urgent(anchor, now_s, limits)
+        members, stopped = _take(queue, anchor, limits, load.cost)
+        if len(members) == limits.max_batch_size:
+            trigger: str | None = "size"
+        elif stopped is not None:
+            trigger = stopped
+        elif urgent:
+            trigger = "priority"
+        else:
+            trigger, until = _wait_trigger(queue, len(members), now_s, limits, load, bucket)
+            if trigger is None:
+                wake = until if wake is None else min(wake, until)
+                continue
         batch = Batch(
             bucket=bucket,
-            keys=tuple(w.key for w in members),
-            padded_tokens=longest * len(members),
+            keys=tuple(w.key for w in sorted(members, key=lambda w: w.arrived_s)),
+            padded_tokens=max(w.n_tokens for w in members) * len(members),
             real_tokens=sum(w.n_tokens for w in members),
             trigger=trigger,
         )
+        rank = (not urgent, anchor.arrived_s)
         if best is None or rank < best[0]:
             best = (rank, batch)
     return best[1] if best is not None else Wait(wake)
+
+
+def _wait_trigger(
+    queue: Sequence[Waiting], size: int, now_s: float, limits: Limits, load: Load, bucket: int
+) -> tuple[str | None, float]:
+    """("wait", now) when the wait is over; (None, wake time) while it goes on."""
+    oldest = min(w.arrived_s for w in queue)
+    if limits.max_wait_s is not None:
+        deadline = oldest + limits.max_wait_s
+        return ("wait", now_s) if now_s >= deadline else (None, deadline)
+    until = _auto_wait_until(queue, size, now_s, limits, load, bucket)
+    # starvation promotes the oldest before long; wake for that at the latest
+    return ("wait", now_s) if until is None else (None, min(until, oldest + limits.starvation_s))

@@ -32,7 +32,8 @@ from common.protocol import (
 from common.settings import Settings
 from common.store import Store
 from worker import recovery
-from worker.batching import Batch, Limits, Waiting, next_batch
+from worker.batching import Batch, Limits, Load, Waiting, next_batch
+from worker.load import ArrivalRate, BatchCost
 from worker.reclaim import Reclaimer
 from worker.runner import Runner
 from worker.utilization import Utilization
@@ -101,6 +102,9 @@ class Consumer:
         )
         self.batches_run = 0
         self._cancelled: set[str] = set()  # entry ids whose clients stopped waiting
+        self.crashed = False  # a loop died of a bug: the process must exit non-zero
+        self._cost = BatchCost()
+        self._arrivals = {b: ArrivalRate() for b in settings.buckets}
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
@@ -112,11 +116,18 @@ class Consumer:
         return sum(len(q) for q in self._queues.values())
 
     def _room(self) -> int:
-        """How many more entries the reader may take: one batch's worth is held at most."""
-        return self._batch_limits.max_batch_size - self.held
+        """How many more entries the reader may take: enough to sort a window by length,
+        few enough that idle peers still get their share of a burst."""
+        return max(self._batch_limits.max_batch_size, self._settings.sort_window) - self.held
 
     def _hold(self, held: Held) -> None:
         self._queues[held.bucket][next(self._seq)] = held
+        self._arrivals[held.bucket].observe(held.arrived_s)
+
+    def _load(self) -> Load:
+        now = self._clock()
+        rates = {b: rate.per_second(now) for b, rate in self._arrivals.items()}
+        return Load(self._cost.estimate(), rates)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -127,8 +138,14 @@ class Consumer:
         reader = asyncio.create_task(self._read_loop(stop), name="reader")
         reclaimer = asyncio.create_task(self._reclaimer.run(stop), name="reclaimer")
         watcher = asyncio.create_task(self._watch_cancellations(stop), name="cancellations")
+        for task in (reader, reclaimer, watcher):
+            task.add_done_callback(lambda t: self._fail_on_crash(t, stop))
         try:
             await self._schedule_loop(stop, reader)
+        except BaseException:
+            stop.set()  # a crashed loop must end the process, not leave it hanging
+            log.critical("the scheduling loop failed; stopping", exc_info=True)
+            raise
         finally:
             await asyncio.gather(reader, reclaimer, watcher, return_exceptions=True)
             if self._publishing:
@@ -138,6 +155,14 @@ class Consumer:
                 await streams.leave(self._store, self._keys, self._model, self.name)
             except RedisError:
                 log.warning("could not deregister %s; it ages out of the registry", self.name)
+
+    def _fail_on_crash(self, task: asyncio.Task, stop: asyncio.Event) -> None:
+        """A loop that died of a bug stops the worker: peers reclaim what it held."""
+        if not task.cancelled() and task.exception() is not None:
+            log.critical("%s loop failed; stopping", task.get_name(), exc_info=task.exception())
+            self.crashed = True
+            stop.set()
+            self._changed.set()
 
     async def _until_ok(self, op: Callable, stop: asyncio.Event) -> None:
         """Retry a start-up command with capped backoff until Redis answers."""
@@ -364,7 +389,7 @@ class Consumer:
             limits = drain if draining else self._batch_limits
             if self._cancelled:
                 await self._drop_cancelled()
-            decision = next_batch(self._snapshot(), self._clock(), limits)
+            decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
             if isinstance(decision, Batch):
                 await self._run_batch(decision)
                 continue
@@ -431,6 +456,7 @@ class Consumer:
         metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
         metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
         metrics.compute_seconds.labels(*labels).observe(compute_s)
+        self._cost.observe(batch.padded_tokens, compute_s)
         for held in members:
             metrics.queue_wait_seconds.labels(*labels).observe(
                 max(0, start_ms - held.entry.enqueued_ms) / 1000

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 from common.buckets import bucket_for
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from worker.batching import Batch, Limits, Wait, Waiting, next_batch
+from worker.batching import Batch, Limits, Load, Wait, Waiting, next_batch
+from worker.load import Cost
 
 BUCKETS = [128, 256, 512]
-LIMITS = Limits(max_batch_size=4, max_batch_tokens=1024, max_wait_s=0.010)
+LIMITS = Limits(max_batch_size=4, max_batch_tokens=1024, max_wait_s=0.010, starvation_s=10.0)
 
 
 def waiting(key: int, n: int, at: float = 0.0, priority: int = PRIORITY_BATCH) -> Waiting:
@@ -80,7 +81,7 @@ def test_interactive_entry_skips_the_wait_and_goes_first() -> None:
     decision = next_batch({128: queue}, 1.002, LIMITS)
     assert isinstance(decision, Batch)
     assert decision.trigger == "priority"
-    assert decision.keys[0] == 2
+    assert 2 in decision.keys
 
 
 def test_interactive_bucket_is_chosen_before_an_older_ready_bucket() -> None:
@@ -145,7 +146,8 @@ def test_batch_traffic_is_served_fifo(arrivals) -> None:
 
 def test_live_overrides_replace_only_what_they_name() -> None:
     limits = LIMITS.with_overrides({"max_batch_size": "8", "max_wait_ms": "2.5"}, min_tokens=512)
-    assert limits == Limits(max_batch_size=8, max_batch_tokens=1024, max_wait_s=0.0025)
+    assert limits == Limits(8, 1024, 0.0025, starvation_s=10.0)
+    assert LIMITS.with_overrides({"max_wait_ms": "auto"}, 512).max_wait_s is None
 
 
 @pytest.mark.parametrize(
@@ -161,3 +163,83 @@ def test_live_overrides_replace_only_what_they_name() -> None:
 def test_bad_live_overrides_are_refused_by_name(bad: dict) -> None:
     with pytest.raises(ValueError):
         LIMITS.with_overrides(bad, min_tokens=512)
+
+
+# ---- length-aware batches, starvation bound, split rule, adaptive wait -------------------
+
+AUTO = Limits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=None, latency_slo_s=0.1)
+
+
+def test_a_batch_holds_similar_lengths_around_its_oldest_entry() -> None:
+    lengths = [100, 12, 95, 10, 14, 105, 11, 98]
+    queue = [waiting(i, n, at=i * 0.001) for i, n in enumerate(lengths)]
+    decision = next_batch({128: queue}, 1.0, LIMITS)
+    assert isinstance(decision, Batch)
+    assert set(decision.keys) == {0, 2, 5, 7}  # the oldest is 100 tokens long: its kin join
+    assert decision.padded_tokens == 4 * 105
+
+
+def test_the_padding_rule_splits_a_batch_rather_than_pad_over_half_of_it() -> None:
+    queue = [waiting(0, 120, at=0.0), waiting(1, 20, at=0.001), waiting(2, 25, at=0.002)]
+    decision = next_batch({128: queue}, 0.0, LIMITS)
+    assert isinstance(decision, Batch)
+    # 120 + 25 pads 40% of 240 tokens; adding the 20 would pad 54% of 360: split there
+    assert (decision.keys, decision.trigger) == ((0, 2), "split")
+    assert decision.padded_tokens == 240
+    after = next_batch({128: [queue[1]]}, 0.0, LIMITS)
+    assert isinstance(after, Wait)  # the one left over waits for company as usual
+
+
+def test_with_a_cost_model_a_join_must_not_lower_real_tokens_per_second() -> None:
+    queue = [waiting(0, 40, at=0.0), waiting(1, 10, at=0.001)]  # 62% padding if together
+    overhead_bound = Load(Cost(fixed_s=0.010, per_token_s=1e-5))
+    token_bound = Load(Cost(fixed_s=1e-5, per_token_s=1e-3))
+    together = next_batch({128: queue}, 1.0, LIMITS, overhead_bound)
+    apart = next_batch({128: queue}, 1.0, LIMITS, token_bound)
+    assert isinstance(together, Batch) and set(together.keys) == {0, 1}
+    assert isinstance(apart, Batch) and apart.keys == (0,) and apart.trigger == "split"
+
+
+def test_batch_traffic_passed_over_too_long_goes_before_interactive() -> None:
+    limits = Limits(max_batch_size=1, max_batch_tokens=1024, max_wait_s=0.01, starvation_s=0.5)
+    queues = {
+        128: [waiting(1, 10, at=0.0)],
+        256: [waiting(2, 200, at=0.9, priority=PRIORITY_INTERACTIVE)],
+    }
+    assert next_batch(queues, 0.4, limits).bucket == 256  # type: ignore[union-attr]
+    assert next_batch(queues, 1.0, limits).bucket == 128  # type: ignore[union-attr]
+
+
+def test_auto_wait_runs_at_once_at_low_load() -> None:
+    queue = [waiting(0, 10, at=1.0)]
+    quiet = Load(Cost(0.004, 1e-5), {128: 5.0})  # next arrival in 200 ms >> 4 ms overhead
+    assert isinstance(next_batch({128: queue}, 1.0, AUTO, quiet), Batch)
+    assert isinstance(next_batch({128: queue}, 1.0, AUTO, Load()), Batch)  # nothing measured
+
+
+def test_auto_wait_waits_for_an_arrival_due_within_the_fixed_overhead() -> None:
+    queue = [waiting(0, 10, at=1.0)]
+    busy = Load(Cost(0.004, 1e-5), {128: 1000.0})  # next arrival in 1 ms < 4 ms overhead
+    decision = next_batch({128: queue}, 1.0, AUTO, busy)
+    assert decision == Wait(pytest.approx(1.001))
+    two = [waiting(0, 10, at=1.0), waiting(1, 10, at=1.0005)]  # 1 ms < 4/2 ms: still pays
+    assert isinstance(next_batch({128: two}, 1.001, AUTO, busy), Wait)
+
+
+def test_auto_wait_never_outlasts_a_quarter_of_the_latency_target() -> None:
+    queue = [waiting(0, 10, at=1.0)]
+    busy = Load(Cost(0.004, 1e-5), {128: 1000.0})
+    assert isinstance(next_batch({128: queue}, 1.0 + 0.1 / 4, AUTO, busy), Batch)
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 128), st.floats(0, 1), st.sampled_from([0, 1])), min_size=1),
+    st.floats(1, 3),
+)
+def test_the_most_urgent_oldest_entry_is_always_in_the_batch(entries, now) -> None:
+    limits = Limits(max_batch_size=4, max_batch_tokens=512, max_wait_s=0.0, starvation_s=0.5)
+    queue = [Waiting(i, n, at, p) for i, (n, at, p) in enumerate(entries)]
+    decision = next_batch({128: queue}, now, limits)
+    assert isinstance(decision, Batch)
+    anchor = min(queue, key=lambda w: (w.arrived_s > now - 0.5 and w.priority == 1, w.arrived_s))
+    assert anchor.key in decision.keys

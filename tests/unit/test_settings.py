@@ -12,7 +12,7 @@ def test_defaults_match_the_design() -> None:
     s = Settings(_env_file=None)
     assert (s.host, s.port, s.model) == ("127.0.0.1", 8000, "all-MiniLM-L6-v2")
     assert s.buckets == [128, 256, 512]
-    assert (s.max_batch_size, s.max_batch_tokens, s.max_wait_ms) == (16, 16384, 10)
+    assert (s.max_batch_size, s.max_batch_tokens, s.max_wait_ms) == (16, 16384, "auto")
     assert (s.request_timeout_ms, s.max_deliveries, s.api_keys) == (30000, 3, [])
     assert s.redis_url is None and s.embedded
 
