@@ -130,3 +130,60 @@ def test_a_batch_slower_than_claim_idle_is_not_run_twice_by_its_own_worker(
     assert 'microbatch_batch_size_count{bucket="128",model="noop"} 1.0' in text
     assert "microbatch_duplicate_replies_total 0.0" in text
     assert "microbatch_redeliveries_total 0.0" in text
+
+
+def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: str) -> None:
+    """A runner bug (wrong result count) escapes the batch loop: the consumer must stop
+    everything and raise, so the process exits and a supervisor restarts it, rather than
+    keep reading into entries nobody will ever run."""
+    from common import streams
+    from common.protocol import RequestEntry, encode, pack_tokens
+    from common.settings import Settings
+    from common.store import close_store, open_store
+    from worker.consume import Consumer
+    from worker.recovery import EntryLimits
+
+    class Buggy:
+        dim = 4
+
+        def embed(self, rows):
+            return []  # one result per row is the contract: this breaks it
+
+    settings = Settings(redis_url=redis_url, model="noop", max_wait_ms=0, read_block_ms=100)
+    limits = EntryLimits(model="noop", max_tokens=512, vocab_size=0, max_deliveries=3)
+
+    async def scenario() -> tuple[bool, bool]:
+        store = open_store(settings)
+        stop = asyncio.Event()
+
+        async def register() -> None:
+            return None
+
+        consumer = Consumer(settings, store, Buggy(), limits, "buggy", register)
+        now = int(time.time() * 1000)
+        entry = RequestEntry(
+            id="x.0",
+            request_id="r",
+            model="noop",
+            kind="embed",
+            tokens=pack_tokens([1, 2]),
+            deadline_ms=now + 60_000,
+            priority=1,
+            reply_to="mb:reply:t",
+            enqueued_ms=now,
+        )
+        keys = streams.Keys(settings.prefix)
+        await streams.add_requests(store, [(keys.request("noop", 128), encode(entry))])
+        try:
+            await asyncio.wait_for(consumer.run(stop), 20)
+            raised = False
+        except TimeoutError:
+            raised = False  # hung: the failure this test exists for
+        except ValueError:  # the bug itself (zip of rows and results), surfaced
+            raised = True
+        finally:
+            await close_store(store)
+        return raised, stop.is_set()
+
+    raised, stopped = asyncio.run(scenario())
+    assert raised and stopped
