@@ -66,6 +66,12 @@ class Settings(BaseSettings):
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
     torch_threads: int | None = Field(default=None, gt=0)
     device: str = "cpu"
+    # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir.
+    backend: Literal["torch", "onnx"] = "torch"
+    onnx_cache_dir: str = "~/.cache/microbatch/onnx"
+    # int8 dynamic quantisation of the exported graph's weights (onnx backend; torch's own
+    # is deprecated): faster on CPU, slightly less exact; the test suite bounds the loss.
+    quantize: Literal["none", "int8"] = "none"
     # Generation (causal LMs): continuous batching limits
     max_running_seqs: int = Field(default=32, gt=0)  # sequences decoding together
     # Prefill + decode tokens in one step: a CPU prefills a few hundred tokens a second, so
@@ -106,6 +112,8 @@ class Settings(BaseSettings):
         if self.read_block_ms >= self.redis_socket_timeout_s * 1000:
             # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
             raise ValueError("read_block_ms must stay below redis_socket_timeout_s")
+        if self.quantize == "int8" and self.backend != "onnx":
+            raise ValueError("quantize int8 needs backend onnx")
         if self.max_batch_tokens < self.buckets[-1]:
             raise ValueError("max_batch_tokens must hold at least one entry of the largest bucket")
         return self

@@ -47,6 +47,15 @@ def load_model(settings: Settings) -> LoadedModel:
             settings.noop_fail_token,
             settings.noop_crash_token,
         )
+    elif settings.backend == "onnx":
+        from pathlib import Path
+
+        from worker.onnx_runner import OnnxRunner
+
+        cache = Path(settings.onnx_cache_dir).expanduser()
+        runner = OnnxRunner(
+            files, cache_dir=cache, threads=settings.torch_threads, int8=settings.quantize == "int8"
+        )
     else:
         runner = TorchRunner(files, device=settings.device, threads=settings.torch_threads)
     return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))

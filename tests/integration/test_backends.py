@@ -1,0 +1,54 @@
+"""The faster CPU backends give the reference's embeddings: ONNX exactly, int8 within a bound."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.models import describe
+from worker.onnx_runner import OnnxRunner
+
+pytestmark = pytest.mark.slow
+TEXTS = [
+    "micro-batching is neat",
+    "a somewhat longer sentence about queues, deadlines and the padding of batches " * 6,
+    "日本語のテキストも",
+    "x",
+]
+
+
+def cosines(a: list[np.ndarray], b: np.ndarray) -> np.ndarray:
+    a = np.stack(a)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def rows(reference_model) -> list[np.ndarray]:
+    tokenizer = reference_model.tokenizer
+    return [np.asarray(tokenizer(t)["input_ids"], dtype=np.uint32) for t in TEXTS]
+
+
+def test_the_onnx_backend_matches_the_reference_and_exports_once(
+    reference_model, rows, tmp_path: Path
+) -> None:
+    files = describe("all-MiniLM-L6-v2")
+    runner = OnnxRunner(files, cache_dir=tmp_path)
+    exported = list(tmp_path.glob("*.onnx"))
+    assert len(exported) == 1
+    want = reference_model.encode(TEXTS)
+    assert cosines(runner.embed(rows), want).min() >= 0.9999
+    again = OnnxRunner(files, cache_dir=tmp_path)  # served from the cache: no new export
+    assert list(tmp_path.glob("*.onnx")) == exported
+    assert cosines(again.embed(rows[:1]), want[:1]).min() >= 0.9999
+
+
+def test_int8_quantisation_stays_close_to_the_reference(
+    reference_model, rows, tmp_path: Path
+) -> None:
+    runner = OnnxRunner(describe("all-MiniLM-L6-v2"), cache_dir=tmp_path, int8=True)
+    assert len(list(tmp_path.glob("*-int8.onnx"))) == 1
+    got = cosines(runner.embed(rows), reference_model.encode(TEXTS))
+    assert got.min() >= 0.975, f"int8 cosine to the float model as low as {got.min():.4f}"
+    print(f"int8 cosine to float: min {got.min():.5f}, mean {got.mean():.5f}")
