@@ -38,6 +38,9 @@ def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.Monkey
         {"read_block_ms": 6000},  # would outlast the socket timeout
         {"max_batch_tokens": 100},  # cannot hold one 512-token entry
         {"no_such_setting": 1},
+        {"max_wait_ms": "soon"},
+        {"quantize": "int8"},  # int8 is an onnx-backend option
+        {"backend": "tensorrt"},
     ],
 )
 def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:
