@@ -1,0 +1,121 @@
+"""Offline arms: the model alone, in this process, through the worker's own `TorchRunner`.
+
+No HTTP, no queue, no waiting: what the hardware allows for a batching plan. Each plan is a
+list of batches (indices into the workload); a batch is padded to its own longest member,
+exactly as `worker.collate` pads. Timed with `perf_counter` around each forward.
+
+- limit: the whole workload sorted by length, cut into batches of at most `max_size` texts,
+  `max_tokens` padded tokens and `max_ratio` padded/real tokens. No server can beat this
+  with the same model code.
+- ceiling: what a server could do with only `window` requests in flight: each arrival window
+  sorted and split so that no batch pads past `max_ratio` padded/real tokens.
+- single: one text per forward; each text's own compute time, the reference for latency.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from benchmarks.embed_workload import MODEL_NAME, Workload
+from worker.runner import TorchRunner
+
+Plan = list[list[int]]  # batches of workload indices
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineRun:
+    figures: dict  # texts_per_s, padded_per_real, mean_batch_size, ...
+    batch_seconds: list[float]  # per batch, in plan order
+
+
+def load_runner() -> TorchRunner:
+    """The default model as a worker loads it (torch's default thread count, float32, CPU)."""
+    from worker.models import describe
+
+    return TorchRunner(describe(MODEL_NAME))
+
+
+def _cut(order: Sequence[int], fits: Callable[[list[int]], bool]) -> Plan:
+    """Greedy cut of `order` into batches; `fits(batch + [i])` decides whether `i` joins."""
+    plan: Plan = []
+    batch: list[int] = []
+    for i in order:
+        if batch and not fits([*batch, i]):
+            plan.append(batch)
+            batch = []
+        batch.append(i)
+    if batch:
+        plan.append(batch)
+    return plan
+
+
+def padded(batch: Sequence[int], tokens: Sequence[int]) -> int:
+    return len(batch) * max(tokens[i] for i in batch)
+
+
+def _fits(
+    tokens: Sequence[int], max_ratio: float, max_size: int, max_tokens: int
+) -> Callable[[list[int]], bool]:
+    """Whether a batch stays within size, padded-token and padding-ratio limits."""
+
+    def fits(b: list[int]) -> bool:
+        pad = padded(b, tokens)
+        real = sum(tokens[i] for i in b)
+        return len(b) <= max_size and pad <= max_tokens and pad <= max_ratio * real
+
+    return fits
+
+
+def limit_plan(tokens: Sequence[int], max_ratio: float, max_size: int, max_tokens: int) -> Plan:
+    """The whole workload sorted by length, in batches within the worker's size/token limits.
+
+    Batches are also cut where padding would pass `max_ratio`: on a CPU a batch of 16 that
+    pads a 60-token text to 200 costs more than two smaller ones, and a limit that a
+    window of 32 could beat would be no limit.
+    """
+    order = sorted(range(len(tokens)), key=lambda i: tokens[i])
+    return _cut(order, _fits(tokens, max_ratio, max_size, max_tokens))
+
+
+def ceiling_plan(
+    tokens: Sequence[int], window: int, max_ratio: float, max_size: int, max_tokens: int
+) -> Plan:
+    """Each arrival window of `window` sorted and split so padded/real ≤ `max_ratio`."""
+    fits = _fits(tokens, max_ratio, max_size, max_tokens)
+    plan: Plan = []
+    for start in range(0, len(tokens), window):
+        arrived = range(start, min(start + window, len(tokens)))
+        plan += _cut(sorted(arrived, key=lambda i: tokens[i]), fits)
+    return plan
+
+
+def single_plan(tokens: Sequence[int]) -> Plan:
+    return [[i] for i in range(len(tokens))]
+
+
+def run_plan(runner: TorchRunner, workload: Workload, plan: Plan) -> OfflineRun:
+    """Time every batch of the plan once, after one untimed warm-up forward of its largest."""
+    rows = workload.token_ids
+    tokens = workload.tokens
+    runner.embed([rows[i] for i in max(plan, key=lambda b: padded(b, tokens))])
+    seconds = []
+    for batch in plan:
+        started = time.perf_counter()
+        runner.embed([rows[i] for i in batch])
+        seconds.append(time.perf_counter() - started)
+    texts = sum(len(b) for b in plan)
+    real = sum(tokens[i] for b in plan for i in b)
+    return OfflineRun(
+        figures={
+            "texts": texts,
+            "texts_per_s": texts / sum(seconds),
+            "padded_per_real": sum(padded(b, tokens) for b in plan) / real,
+            "mean_batch_size": texts / len(plan),
+            "compute_s": sum(seconds),
+            "batch_ms_p50": statistics.median(seconds) * 1000,
+        },
+        batch_seconds=seconds,
+    )

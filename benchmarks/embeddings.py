@@ -1,0 +1,383 @@
+"""Embedding throughput and latency, side by side: the model alone, microbatch, infinity-emb.
+
+    .venv/bin/python benchmarks/embeddings.py                 # everything, ~25 min on 2 cores
+    .venv/bin/python benchmarks/embeddings.py --quick         # every arm, ~4 min
+    .venv/bin/python benchmarks/embeddings.py --quick --arms serve,offline-single --mixes short
+
+Needs wrk and redis-server (`apt-get install -y wrk redis-server`) and, for the infinity arms,
+infinity-emb in a virtual environment of its own (torch first, so pip takes the CPU build from
+local disk; the `torch` extra brings the sentence-transformers its torch engine needs):
+
+    python3 -m venv .bench/infinity-venv
+    .bench/infinity-venv/bin/pip install torch==2.13.0
+    .bench/infinity-venv/bin/pip install 'infinity-emb[server,torch]'
+
+An arm that cannot run says why in the table and the run goes on.
+
+One deterministic workload per mix (fixed seed; `short`: 8-48 tokens, `mixed`: 60% 8-48,
+25% 49-200, 15% 201-500, in random order; `--texts` of them), token counts checked with
+all-MiniLM-L6-v2's own tokenizer; the model is served at its full 512 positions. The offline
+arms run the workload once; every load cycles through the same texts in the same order, so
+every arm sees one sample. The arms (`--arms`, default all):
+
+  offline-limit    the whole workload sorted by length, batched (<= 16, cut where padded/real
+                   would pass 1.3), padded to the batch max, one process (the worker's
+                   TorchRunner): what the hardware allows
+  offline-ceiling  the same with 32 requests in flight: each arrival window of 32 sorted
+                   and split so padded/real <= 1.3
+  offline-single   one text per forward: each text's own compute time
+  serve            microbatch end to end, `microbatch serve` (embedded store)
+  redis            microbatch end to end, gateway + worker + redis-server
+  serve-bs1        `microbatch serve --max-batch-size 1`
+  infinity-512     infinity-emb (own venv, .bench/infinity-venv), torch engine, cut at 512
+  infinity-256     the same at its default cut, 256
+
+Each server arm is loaded by a closed loop at 1 and 32 clients (wrk) and an open-loop Poisson
+run (`--loads`) offered `--open-factor` x the offline limit, so it saturates. Printed, and
+written to `--out-dir` (docs/ by default, .bench/embeddings-quick/ with --quick) as
+benchmarks.json, benchmarks.png and benchmarks.md: texts/s, p50/p99, padded/real tokens, mean
+batch size, the load generator's own CPU, and every ratio issue 6 sets a goal for.
+`--repeat 2` reports the median of two runs of every measurement (the default without --quick).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import embed_docs as docs  # noqa: E402
+from benchmarks import embed_offline as offline  # noqa: E402
+from benchmarks import embed_report as report  # noqa: E402
+from benchmarks.embed_load import (  # noqa: E402
+    closed_loop,
+    open_loop,
+    server_counters,
+    wait_idle,
+    wrk_script,
+)
+from benchmarks.embed_servers import (  # noqa: E402
+    Server,
+    infinity,
+    microbatch_redis,
+    microbatch_serve,
+)
+from benchmarks.embed_workload import Workload, load_tokenizer, make_workload  # noqa: E402
+
+OFFLINE_ARMS = ("offline-limit", "offline-ceiling", "offline-single")
+SERVER_ARMS = ("serve", "redis", "serve-bs1", "infinity-512", "infinity-256")
+LOADS = {"c1": 1, "c32": 32, "open": None}  # closed-loop clients; None: open loop
+WINDOW, MAX_RATIO = 32, 1.3  # the offline ceiling's requests in flight and padding bound
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    arms: list[str]
+    mixes: list[str]
+    loads: list[str]
+    texts: int  # workload size per mix: the offline arms run it once, loads cycle through it
+    duration_s: int  # per closed loop at 32 clients and per open loop
+    c1_duration_s: int
+    warmup_s: int
+    repeat: int
+    seed: int
+    offline_batch: int  # the offline arms' batch size cap (the worker's max_batch_size)
+    max_batch_tokens: int  # and padded-token cap (the worker's max_batch_tokens)
+    open_factor: float  # open-loop rate / offline limit
+    open_rate: float | None  # texts/s; overrides open_factor
+    loadgen_procs: int
+    open_connections: int
+    infinity_venv: Path
+    out_dir: Path
+    quick: bool
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Per key, the median of numbers, the first of anything else; dicts merged key by key."""
+    merged: dict = {}
+    for key, first in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if isinstance(first, bool) or not isinstance(first, int | float | dict):
+            merged[key] = first
+        elif isinstance(first, dict):
+            merged[key] = median_of([v for v in values if isinstance(v, dict)])
+        else:
+            numbers = [v for v in values if isinstance(v, int | float)]
+            same = len(set(numbers)) == 1
+            merged[key] = numbers[0] if same else statistics.median(numbers) if numbers else None
+    if len(runs) > 1 and "texts_per_s" in runs[0]:
+        merged["runs_texts_per_s"] = [r["texts_per_s"] for r in runs]
+    return merged
+
+
+def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> None:
+    """The offline arms in this process, each on the whole of each mix's workload."""
+    wanted = [a for a in OFFLINE_ARMS if a in cfg.arms]
+    if "open" in cfg.loads and cfg.open_rate is None and set(SERVER_ARMS) & set(cfg.arms):
+        wanted = sorted(set(wanted) | {"offline-limit"}, key=OFFLINE_ARMS.index)
+    if not wanted:
+        return
+    runner = offline.load_runner()
+    for mix, workload in workloads.items():
+        tokens = workload.tokens
+        plans = {
+            "offline-limit": offline.limit_plan(
+                tokens, MAX_RATIO, cfg.offline_batch, cfg.max_batch_tokens
+            ),
+            "offline-ceiling": offline.ceiling_plan(
+                tokens, WINDOW, MAX_RATIO, cfg.offline_batch, cfg.max_batch_tokens
+            ),
+            "offline-single": offline.single_plan(tokens),
+        }
+        for arm in wanted:
+            runs = [offline.run_plan(runner, workload, plans[arm]) for _ in range(cfg.repeat)]
+            figures = median_of([r.figures for r in runs])
+            if arm == "offline-single":  # per text, the median over the repeats, in order
+                per_text = zip(*(r.batch_seconds for r in runs), strict=True)
+                figures["text_compute_ms"] = [statistics.median(s) * 1000 for s in per_text]
+            results["arms"].setdefault(arm, {})[mix] = {"offline": figures}
+            print(report.line(arm, mix, "offline", figures), flush=True)
+    del runner
+    gc.collect()
+
+
+def drained(
+    metrics_url: str, before: dict[str, float], entries: int, slack: int
+) -> dict[str, float]:
+    """Counter deltas once `entries` were computed or dropped, or within `slack` of it and
+    still for 1.5 s (wrk counts a request it generated but stopped before writing), or
+    after 10 s without change."""
+    last, changed = server_counters(metrics_url), time.monotonic()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        delta = {k: v - before.get(k, 0.0) for k, v in last.items()}
+        done = delta.get("batch_size_sum", 0) + delta.get("cancelled_total", 0)
+        still_s = time.monotonic() - changed
+        if done >= entries or (done >= entries - slack and still_s > 1.5) or still_s > 10:
+            break
+        time.sleep(0.25)
+        now = server_counters(metrics_url)
+        if now != last:
+            last, changed = now, time.monotonic()
+    return {k: v - before.get(k, 0.0) for k, v in last.items()}
+
+
+def settle(
+    server: Server, before: dict[str, float] | None, figures: dict, clients: int = 0
+) -> None:
+    """Wait until the server has done what was sent, then add what its metrics say.
+
+    wrk stops with requests in flight; microbatch computes them or drops those whose client
+    left, so the next measurement waits until its counters account for every request sent.
+    infinity has no such counters and keeps computing abandoned requests: it is probed until
+    it answers at once. The open loop awaits every answer, so the worker's padded tokens over
+    the answered requests' real tokens is exact; the closed loop's comes from wrk's script.
+    """
+    if server.metrics_url is None or before is None:
+        figures["idle_wait_s"] = wait_idle(server.url)
+        return
+    delta = drained(server.metrics_url, before, figures["to_compute"], clients)
+    if delta.get("batch_size_count"):
+        figures["mean_batch_size"] = delta["batch_size_sum"] / delta["batch_size_count"]
+        figures["model_busy_share"] = delta["compute_seconds_sum"] / figures["elapsed_s"]
+        figures["computed"], figures["cancelled"] = (
+            delta["batch_size_sum"],
+            delta["cancelled_total"],
+        )
+        if figures.get("ok_tokens"):
+            figures["padded_per_real"] = delta["batch_tokens_sum"] / figures["ok_tokens"]
+
+
+def measure(
+    server: Server, workload: Workload, load: str, script: Path, cfg: Config, rate: float
+) -> dict:
+    before = server_counters(server.metrics_url) if server.metrics_url else None
+    clients = LOADS[load]
+    if clients is None:
+        figures = open_loop(
+            server.port, workload, rate, cfg.duration_s, cfg.loadgen_procs, cfg.open_connections
+        )
+        figures["offered_rate_per_s"] = rate
+    else:
+        duration = cfg.c1_duration_s if clients == 1 else cfg.duration_s
+        figures = closed_loop(server.url, script, clients, duration)
+    settle(server, before, figures, clients or 0)
+    return figures
+
+
+def start_server(arm: str, tmp: Path, cfg: Config) -> AbstractContextManager[Server]:
+    from worker.models import default_model_path
+
+    if arm == "serve":
+        return microbatch_serve(arm, tmp)
+    if arm == "serve-bs1":
+        return microbatch_serve(arm, tmp, max_batch_size=1)
+    if arm == "redis":
+        return microbatch_redis(arm, tmp)
+    cut = 512 if arm == "infinity-512" else None
+    return infinity(arm, tmp, cfg.infinity_venv, default_model_path(), cut)
+
+
+def open_rate(cfg: Config, results: dict, mix: str) -> float:
+    if cfg.open_rate is not None:
+        return cfg.open_rate
+    return cfg.open_factor * results["arms"]["offline-limit"][mix]["offline"]["texts_per_s"]
+
+
+def measure_mix(server: Server, workload: Workload, cfg: Config, rate: float, tmp: Path) -> dict:
+    """A warm-up (not counted), then every load on this mix, `repeat` times each."""
+    script = wrk_script(workload, tmp)
+    settle(server, None, closed_loop(server.url, script, 32, cfg.warmup_s))
+    by_load: dict = {}
+    for load in cfg.loads:
+        runs = [measure(server, workload, load, script, cfg, rate) for _ in range(cfg.repeat)]
+        by_load[load] = median_of(runs)
+        print(report.line(server.arm, workload.mix, load, by_load[load]), flush=True)
+    return by_load
+
+
+def run_server_arm(
+    arm: str, cfg: Config, workloads: dict[str, Workload], results: dict, tmp: Path
+) -> None:
+    """Start the arm's server once and measure every mix on it.
+
+    An arm that cannot start, or fails half-way, records why and the run goes on: one broken
+    peer must not throw away half an hour of other arms' figures.
+    """
+    arm_results: dict = {}
+    results["arms"][arm] = arm_results
+    try:
+        with start_server(arm, tmp, cfg) as server:
+            for mix, workload in workloads.items():
+                rate = open_rate(cfg, results, mix) if "open" in cfg.loads else 0.0
+                arm_results[mix] = measure_mix(server, workload, cfg, rate, tmp)
+    except Exception as exc:  # reported in the table, never hidden
+        arm_results["unavailable"] = f"{type(exc).__name__}: {exc}"
+        print(f"{arm}: unavailable: {arm_results['unavailable']}", flush=True)
+
+
+def cpu_seconds() -> tuple[float, float, float]:
+    """(wall, busy CPU s of the whole machine, CPU s of this process and its reaped children).
+
+    Servers, wrk and the open-loop processes are all reaped by the end of an arm, so what the
+    machine did beyond them in that span was someone else's: on a shared 2-core box that is
+    what turns a figure into noise, and the report says so.
+    """
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    machine = (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    own = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        own += usage.ru_utime + usage.ru_stime
+    return time.monotonic(), machine, own
+
+
+def foreign_share(start: tuple[float, float, float]) -> float:
+    """Share of the machine's CPUs used by other processes since `start`."""
+    end = cpu_seconds()
+    wall = end[0] - start[0]
+    foreign = (end[1] - start[1]) - (end[2] - start[2])
+    return max(0.0, foreign) / (wall * (os.cpu_count() or 1)) if wall > 0 else 0.0
+
+
+def run(cfg: Config) -> dict:
+    from worker.models import default_model_path
+
+    tokenizer = load_tokenizer(default_model_path())
+    workloads = {mix: make_workload(mix, cfg.texts, tokenizer, cfg.seed) for mix in cfg.mixes}
+    results: dict = {"setup": report.setup(cfg, workloads), "arms": {}, "foreign_cpu": {}}
+    start = cpu_seconds()
+    run_offline(cfg, workloads, results)
+    results["foreign_cpu"]["offline"] = foreign_share(start)
+    with tempfile.TemporaryDirectory(prefix="mb-embeddings-") as tmp:
+        for arm in (a for a in SERVER_ARMS if a in cfg.arms):
+            start = cpu_seconds()
+            run_server_arm(arm, cfg, workloads, results, Path(tmp))
+            results["foreign_cpu"][arm] = foreign_share(start)
+    results["ratios"] = report.ratios(results)
+    return results
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="fewer texts, seconds-long runs")
+    p.add_argument("--arms", default=",".join(OFFLINE_ARMS + SERVER_ARMS))
+    p.add_argument("--mixes", default="short,mixed")
+    p.add_argument("--loads", default=",".join(LOADS))
+    p.add_argument("--repeat", type=int, help="runs per measurement, median kept (2; quick 1)")
+    p.add_argument("--texts", type=int, help="workload size per mix (512; quick 128)")
+    p.add_argument("--duration", type=int, help="seconds per 32-client and open run (20; quick 4)")
+    p.add_argument("--c1-duration", type=int, help="seconds per 1-client run (10; quick 3)")
+    p.add_argument("--warmup", type=int, help="seconds of warm-up per server and mix (5; quick 2)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--offline-batch", type=int, default=16)
+    p.add_argument("--max-batch-tokens", type=int, default=16_384)
+    p.add_argument("--open-factor", type=float, default=1.2, help="open-loop rate / offline limit")
+    p.add_argument("--open-rate", type=float, help="open-loop texts/s, instead of the factor")
+    p.add_argument("--loadgen-procs", type=int, default=1, help="open-loop client processes")
+    p.add_argument("--open-connections", type=int, default=128, help="open loop's in-flight cap")
+    p.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
+    p.add_argument("--out-dir", type=Path, help="docs/ (quick: .bench/embeddings-quick/)")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> Config:
+    """The options, with the full run's or --quick's defaults where none was given."""
+    p = _parser()
+    a = p.parse_args(argv)
+    q = a.quick
+
+    def pick(value: int | None, full: int, quick: int) -> int:
+        return value if value is not None else (quick if q else full)
+
+    arms, mixes, loads = (s.split(",") for s in (a.arms, a.mixes, a.loads))
+    for name, chosen, known in (
+        ("arm", arms, OFFLINE_ARMS + SERVER_ARMS),
+        ("mix", mixes, ("short", "mixed")),
+        ("load", loads, tuple(LOADS)),
+    ):
+        unknown = [c for c in chosen if c not in known]
+        if unknown:
+            p.error(f"unknown {name} {unknown}; choose from {', '.join(known)}")
+    return Config(
+        arms=arms,
+        mixes=mixes,
+        loads=loads,
+        texts=pick(a.texts, 512, 128),
+        duration_s=pick(a.duration, 20, 4),
+        c1_duration_s=pick(a.c1_duration, 10, 3),
+        warmup_s=pick(a.warmup, 5, 2),
+        repeat=pick(a.repeat, 2, 1),
+        seed=a.seed,
+        offline_batch=a.offline_batch,
+        max_batch_tokens=a.max_batch_tokens,
+        open_factor=a.open_factor,
+        open_rate=a.open_rate,
+        loadgen_procs=a.loadgen_procs,
+        open_connections=a.open_connections,
+        infinity_venv=a.infinity_venv,
+        out_dir=a.out_dir or (ROOT / (".bench/embeddings-quick" if q else "docs")),
+        quick=q,
+    )
+
+
+def main() -> None:
+    cfg = parse_args()
+    results = run(cfg)
+    docs.write(results, cfg.out_dir, " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
