@@ -132,8 +132,9 @@ class GenerationConsumer(Consumer):
                 self._publish_in_order(replies, done)
             if not self._running:
                 if self._retire:
-                    await loop.run_in_executor(self._executor, self._engine.retire, self._retire)
-                    self._retire = []
+                    retire, self._retire = self._retire, []
+                    await loop.run_in_executor(self._executor, self._engine.retire, retire)
+                    continue  # entries may have arrived meanwhile: plan again before waiting
                 if stop.is_set() and reader.done() and not self.held:
                     return
                 await self._wait_changed(0.05 if stop.is_set() else None)

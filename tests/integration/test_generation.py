@@ -342,3 +342,33 @@ def test_the_worker_drains_running_generations_on_sigterm(
     answers = asyncio.run(run())
     assert all(a["choices"][0]["finish_reason"] in ("length", "stop") for a in answers)
     assert worker.wait(30) == 0
+
+
+def test_sequences_preempted_for_the_kv_budget_finish_exactly_as_if_never_paused(
+    redis_url: str, processes: Processes, tiny_model: Path
+) -> None:
+    """A KV budget for about two sequences and six at once: the newest are paused, later
+    recomputed from prompt plus output, and the text is still generate()'s, token for token."""
+    metrics_port = free_port()
+    settings = {"redis_url": redis_url, "model": tiny_model, "kv_cache_tokens": 300}
+    processes.start("worker", metrics_port=metrics_port, **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(3, 500, size=n).tolist() for n in (20, 40, 60, 30, 50, 10)]
+    max_new = [80, 60, 70, 90, 50, 100]
+
+    async def run() -> list[dict]:
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
+            return await asyncio.gather(
+                *(
+                    complete(client, prompt=p, max_tokens=n, temperature=0, return_token_ids=True)
+                    for p, n in zip(prompts, max_new, strict=True)
+                )
+            )
+
+    answers = asyncio.run(run())
+    expected = reference_greedy(tiny_model, prompts, max_new)
+    assert [a["choices"][0]["token_ids"] for a in answers] == expected
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    assert metric(metrics_url, "microbatch_preemptions_total") > 0
