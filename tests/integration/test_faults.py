@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -295,6 +296,35 @@ def test_entries_past_their_deadline_are_skipped_without_compute(
     time.sleep(1.0)
     text = worker_metrics(port)
     assert sample(text, "microbatch_batch_size_count", model="noop", bucket="128") == 1
+
+
+def test_a_client_that_disconnects_is_cancelled_and_its_entry_never_computed(
+    redis_url: str, processes: Processes
+) -> None:
+    port = free_port()
+    common = {"redis_url": redis_url, "model": "noop"}
+    processes.start(
+        "worker", noop_compute_ms=1500, max_batch_size=1, max_wait_ms=0, metrics_port=port, **common
+    )
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+
+    async def scenario() -> httpx.Response:
+        first = asyncio.create_task(fire(gateway.base_url, texts(1, "first")))
+        await asyncio.sleep(0.3)  # the first batch is computing; the next entries wait
+        async with httpx.AsyncClient(base_url=gateway.base_url, timeout=0.5) as client:
+            with contextlib.suppress(httpx.TimeoutException):  # the client gives up: gone
+                await client.post("/v1/embeddings", json={"input": ["leaving", "early"]})
+        [answer] = await first
+        return answer
+
+    answer = asyncio.run(scenario())
+    assert answer.status_code == 200
+    time.sleep(2.0)  # long enough for the worker to have run the two, had it not known
+    text = worker_metrics(port)
+    assert sample(text, "microbatch_batch_size_count", model="noop", bucket="128") == 1
+    assert sample(text, "microbatch_cancelled_total") == 2
+    assert pending(redis_url) == 0
 
 
 def test_a_backlog_over_max_queue_depth_is_refused_fast_and_accepted_work_finishes(
