@@ -150,10 +150,18 @@ Each measurement is the median of {s["config"]["repeat"]} run(s). {foreign_note(
 - Load generator CPU is its own user + system time over the measured span, as a share of
   one core: wrk from `getrusage(RUSAGE_CHILDREN)`, the open-loop processes from their own
   `process_time()`.
-- Padded/real: the worker's `microbatch_batch_tokens` sum (padded) over the real tokens of
-  every request sent, after the server has finished what was in flight. Requests in flight
-  when wrk stops and whose connection closes may be dropped by the worker, so short runs
-  read slightly low. Unknown for infinity-emb, which exposes no such metric.
+- Padded/real: a closed loop counts only the batches wrk saw every member of answered
+  (`X-Microbatch-Batch-Id` and `-Batch-Size`, and each answer's `usage.prompt_tokens`),
+  padded to their longest member as the worker pads: exact, with the batches cut by the
+  run's start and end left out. The open loop awaits every answer, so there it is the
+  worker's `microbatch_batch_tokens` sum over the answered requests' real tokens. Unknown
+  for infinity-emb, which reports neither.
+- A measurement starts only once the server has finished what the last one left in flight:
+  microbatch's counters must account for every request sent (computed, or dropped because
+  its client left); infinity-emb, which computes abandoned requests, is probed until it
+  answers at once.
+- Other processes' CPU during each arm is the machine's busy time (`/proc/stat`) less this
+  run's own processes; above {FOREIGN_LIMIT:.0%} of the machine the report flags the arm.
 - Offline arms run the worker's own `TorchRunner` in the benchmark process, once over each
   whole workload; their texts/s is texts over the sum of forward times. Every load cycles
   through the same texts in the same order, so all arms see one sample.
