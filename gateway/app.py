@@ -175,21 +175,31 @@ async def model_entry(gw: Gateway, name: str) -> ModelEntry:
     return entry
 
 
-async def _token_lists(gw: Gateway, model: ModelEntry, req: EmbeddingRequest) -> list[np.ndarray]:
-    data = req.input
+async def token_lists(
+    gw: Gateway,
+    model: ModelEntry,
+    data: str | list,
+    *,
+    field: str = "input",
+    truncate: bool = False,
+    check: bool = True,
+) -> list[np.ndarray]:
+    """Token ids per item of an `input` or `prompt`: a string, strings, a token list or token
+    lists. `check` refuses an item over the model's limit (a prompt is checked by its caller,
+    together with the tokens it asks for)."""
     if isinstance(data, str):
         data = [data]
     if not data:
-        raise InvalidRequest("input must not be an empty list", param="input")
+        raise InvalidRequest(f"{field} must not be an empty list", param=field)
     if len(data) > gw.settings.max_inputs_per_request:
         raise InvalidRequest(
-            f"input has {len(data)} items; the limit is {gw.settings.max_inputs_per_request}",
-            param="input",
+            f"{field} has {len(data)} items; the limit is {gw.settings.max_inputs_per_request}",
+            param=field,
         )
     if isinstance(data[0], str):
-        return await gw.tokenize.encode(model.tokenizer, data, req.truncate)
+        return await gw.tokenize.encode(model.tokenizer, data, truncate, check)
     lists = [data] if isinstance(data[0], int) else data
-    return model.tokenizer.check_token_lists(lists, req.truncate)
+    return model.tokenizer.check_token_lists(lists, truncate, check)
 
 
 def admit_or_refuse(gw: Gateway, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:
@@ -214,17 +224,17 @@ async def _submit(
     gw: Gateway,
     request: Request,
     model: ModelEntry,
-    token_lists: list[np.ndarray],
+    inputs: list[np.ndarray],
     timeout_ms: int,
     priority: int,
     request_id: str,
 ) -> list[EmbeddingResult]:
-    admit_or_refuse(gw, model, len(token_lists), timeout_ms)
+    admit_or_refuse(gw, model, len(inputs), timeout_ms)
     now_ms = int(time.time() * 1000)
     base = gw.next_id()
     reply_to = gw.router.stream
     items, ids = [], []
-    for i, ids_array in enumerate(token_lists):
+    for i, ids_array in enumerate(inputs):
         entry = RequestEntry(
             id=f"{base}.{i}",
             request_id=request_id,
@@ -314,9 +324,9 @@ async def embeddings(request: Request) -> Response:
                 param="dimensions",
             )
         timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
-        token_lists = await _token_lists(gw, model, req)
+        inputs = await token_lists(gw, model, req.input, truncate=req.truncate)
         replies = await _submit(
-            gw, request, model, token_lists, timeout_ms, priority_of(request), request_id
+            gw, request, model, inputs, timeout_ms, priority_of(request), request_id
         )
         status = 200
         body = _embedding_body(req, name, replies)

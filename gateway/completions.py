@@ -46,6 +46,7 @@ from gateway.app import (
     priority_of,
     request_id_of,
     timeout_ms_of,
+    token_lists,
     validation_error,
 )
 from gateway.catalog import ModelEntry
@@ -78,28 +79,13 @@ def _stops(req: GenerationParams) -> list[str]:
 
 
 async def _prompts(gw: Gateway, model: ModelEntry, req: CompletionRequest) -> list[np.ndarray]:
-    """Token ids per prompt, each checked against the context with the tokens it asks for."""
-    data = req.prompt
-    if isinstance(data, str):
-        data = [data]
-    if not data:
-        raise InvalidRequest("prompt must not be an empty list", param="prompt")
-    if len(data) > gw.settings.max_inputs_per_request:
-        raise InvalidRequest(
-            f"prompt has {len(data)} items; the limit is {gw.settings.max_inputs_per_request}",
-            param="prompt",
-        )
+    """Token ids per prompt; the context check comes with the tokens asked for."""
     try:
-        if isinstance(data[0], str):
-            prompts = await gw.tokenize.encode(model.tokenizer, data, False, check=False)
-        else:
-            lists = [data] if isinstance(data[0], int) else data
-            prompts = model.tokenizer.check_token_lists(lists, False, check=False)
-    except InvalidRequest as exc:
+        return await token_lists(gw, model, req.prompt, field="prompt", check=False)
+    except InvalidRequest as exc:  # the tokenizer speaks of input[i]; this route of prompt[i]
         exc.message = exc.message.replace("input", "prompt")
         exc.param = (exc.param or "prompt").replace("input", "prompt")
         raise
-    return prompts
 
 
 def new_token_limits(
