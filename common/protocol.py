@@ -29,8 +29,22 @@ class ProtocolError(ValueError):
     """Bytes that are not a valid message of this version; the entry is dead-lettered."""
 
 
+class _Tokens:
+    """Token ids carried as packed uint32 bytes in a `tokens` field."""
+
+    __slots__ = ()
+    tokens: bytes
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) // 4
+
+    def token_ids(self) -> np.ndarray:
+        return np.frombuffer(self.tokens, dtype="<u4")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RequestEntry:
+class RequestEntry(_Tokens):
     """One input of one client request, queued on its model's bucket stream."""
 
     TAG: ClassVar[str] = "req"
@@ -45,16 +59,9 @@ class RequestEntry:
     enqueued_ms: int  # unix epoch ms when the gateway queued it
     v: int = VERSION
 
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens) // 4
-
-    def token_ids(self) -> np.ndarray:
-        return np.frombuffer(self.tokens, dtype="<u4")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GenerateEntry:
+class GenerateEntry(_Tokens):
     """One prompt of a completion request, queued on its model's bucket stream by length."""
 
     TAG: ClassVar[str] = "genreq"
@@ -74,16 +81,9 @@ class GenerateEntry:
     stream: bool  # send a chunk per step, or one final answer
     v: int = VERSION
 
-    @property
-    def n_tokens(self) -> int:
-        return len(self.tokens) // 4
-
-    def token_ids(self) -> np.ndarray:
-        return np.frombuffer(self.tokens, dtype="<u4")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GenerationChunk:
+class GenerationChunk(_Tokens):
     """New text of one generating sequence; the last chunk of an attempt has `finish_reason`.
 
     `attempt` names one worker's run of the entry: after a crash a peer starts over under a
@@ -102,9 +102,6 @@ class GenerationChunk:
     queue_ms: float  # enqueue to first scheduling
     worker: str
     v: int = VERSION
-
-    def token_ids(self) -> np.ndarray:
-        return np.frombuffer(self.tokens, dtype="<u4")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
