@@ -15,6 +15,7 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -298,56 +299,84 @@ def _tuning_headers(request_id: str, replies: list[EmbeddingResult]) -> dict[str
     }
 
 
-async def embeddings(request: Request) -> Response:
-    gw: Gateway = request.app.state.gateway
+@dataclass(slots=True)
+class Call:
+    """One API call's bookkeeping: what its metrics line and its error answer need."""
+
+    route: str
+    request_id: str | None = None
+    label: str = "unknown"  # the model, once known
+
+
+async def api_call(request: Request, route: str, handle) -> Response:
+    """Run `handle(call)`; answer a MicrobatchError as its JSON error; count and time it."""
+    call = Call(route)
     started = time.perf_counter()
     metrics.inflight_requests.inc()
-    label, request_id, status = "unknown", None, 500
+    status = 500
     try:
-        request_id = request_id_of(request)
-        authorize(gw, request)
-        try:
-            req = EmbeddingRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise validation_error(exc) from None
-        name = req.model or gw.settings.model
-        model = await model_entry(gw, name)
-        label = name
-        if model.info.kind != "embedding":
-            raise InvalidRequest(
-                f"model {name!r} is a {model.info.kind} model; use /v1/completions",
-                param="model",
-            )
-        if req.dimensions is not None and req.dimensions != model.info.dim:
-            raise InvalidRequest(
-                f"dimensions {req.dimensions} is not supported; {name} gives {model.info.dim}",
-                param="dimensions",
-            )
-        timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
-        inputs = await token_lists(gw, model, req.input, truncate=req.truncate)
-        replies = await _submit(
-            gw, request, model, inputs, timeout_ms, priority_of(request), request_id
-        )
-        status = 200
-        body = _embedding_body(req, name, replies)
-        return Response(
-            body, 200, _tuning_headers(request_id, replies), media_type="application/json"
-        )
+        response = await handle(call)
+        status = response.status_code
+        return response
     except MicrobatchError as exc:
         status = exc.status
         if status >= 500:
             log.warning(
                 "request failed: %s",
                 exc.message,
-                extra={"request_id": request_id, "status": status, "code": exc.code},
+                extra={"request_id": call.request_id, "status": status, "code": exc.code},
             )
-        return error_response(exc, request_id)
+        return error_response(exc, call.request_id)
     finally:
         metrics.inflight_requests.dec()
-        metrics.requests_total.labels("/v1/embeddings", label, str(status)).inc()
-        metrics.request_duration_seconds.labels("/v1/embeddings", label).observe(
+        metrics.requests_total.labels(route, call.label, str(status)).inc()
+        metrics.request_duration_seconds.labels(route, call.label).observe(
             time.perf_counter() - started
         )
+
+
+async def parse_call(request: Request, call: Call, schema: type, kind: str, elsewhere: str):
+    """Request id, API key and rate limit, body, then the model, which must be of `kind`:
+    (gateway, body, model name, model entry)."""
+    gw: Gateway = request.app.state.gateway
+    call.request_id = request_id_of(request)
+    authorize(gw, request)
+    try:
+        req = schema.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    name = req.model or gw.settings.model
+    model = await model_entry(gw, name)
+    call.label = name
+    if model.info.kind != kind:
+        raise InvalidRequest(
+            f"model {name!r} is a {model.info.kind} model, not {kind}; use {elsewhere}",
+            param="model",
+        )
+    return gw, req, name, model
+
+
+async def embeddings(request: Request) -> Response:
+    return await api_call(request, "/v1/embeddings", lambda call: _embed(request, call))
+
+
+async def _embed(request: Request, call: Call) -> Response:
+    gw, req, name, model = await parse_call(
+        request, call, EmbeddingRequest, "embedding", "/v1/completions"
+    )
+    if req.dimensions is not None and req.dimensions != model.info.dim:
+        raise InvalidRequest(
+            f"dimensions {req.dimensions} is not supported; {name} gives {model.info.dim}",
+            param="dimensions",
+        )
+    request_id = call.request_id
+    timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
+    inputs = await token_lists(gw, model, req.input, truncate=req.truncate)
+    replies = await _submit(
+        gw, request, model, inputs, timeout_ms, priority_of(request), request_id
+    )
+    body = _embedding_body(req, name, replies)
+    return Response(body, 200, _tuning_headers(request_id, replies), media_type="application/json")
 
 
 def _models_body(gw: Gateway) -> dict:

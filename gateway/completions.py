@@ -18,9 +18,7 @@ import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import ValidationError
 
-from common import metrics
 from common.buckets import bucket_for
 from common.errors import (
     ContextLengthExceeded,
@@ -38,16 +36,14 @@ from common.protocol import (
     pack_tokens,
 )
 from gateway.app import (
+    Call,
     Gateway,
     admit_or_refuse,
-    authorize,
-    error_response,
-    model_entry,
+    api_call,
+    parse_call,
     priority_of,
-    request_id_of,
     timeout_ms_of,
     token_lists,
-    validation_error,
 )
 from gateway.catalog import ModelEntry
 from gateway.schemas import CompletionRequest, GenerationParams
@@ -238,63 +234,41 @@ async def _completion_prompts(
 async def serve_generation(request: Request, fmt: Format, schema: type, prepare) -> Response:
     """The shared path of both generation routes: `prepare` turns the validated body into
     token ids per prompt and new tokens per prompt; everything else is the same."""
-    gw: Gateway = request.app.state.gateway
-    started = time.perf_counter()
-    metrics.inflight_requests.inc()
-    label, request_id, status = "unknown", None, 500
+    return await api_call(
+        request, fmt.route, lambda call: _generate(request, call, fmt, schema, prepare)
+    )
+
+
+async def _generate(request: Request, call: Call, fmt: Format, schema: type, prepare) -> Response:
+    gw, req, name, model = await parse_call(request, call, schema, CAUSAL_LM, "/v1/embeddings")
+    request_id = call.request_id
+    timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
+    prompts, new_tokens = await prepare(gw, model, req)
+    admit_or_refuse(gw, model, len(prompts), timeout_ms)
+    sub, items = _entries(
+        gw, model, req, prompts, new_tokens, timeout_ms, priority_of(request), request_id
+    )
+    if req.stream:
+        return _stream(gw, fmt, model.info.name, request_id, req, sub, items)
+    futures = [gw.router.expect(i) for i in sub.ids]
     try:
-        request_id = request_id_of(request)
-        authorize(gw, request)
-        try:
-            req = schema.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise validation_error(exc) from None
-        name = req.model or gw.settings.model
-        model = await model_entry(gw, name)
-        label = name
-        if model.info.kind != CAUSAL_LM:
-            raise InvalidRequest(
-                f"model {name!r} is an {model.info.kind} model; use /v1/embeddings",
-                param="model",
-            )
-        timeout_ms = timeout_ms_of(request, gw.settings.request_timeout_ms)
-        prompts, new_tokens = await prepare(gw, model, req)
-        admit_or_refuse(gw, model, len(prompts), timeout_ms)
-        sub, items = _entries(
-            gw, model, req, prompts, new_tokens, timeout_ms, priority_of(request), request_id
-        )
-        if req.stream:
-            status = 200
-            return _stream(gw, fmt, model.info.name, request_id, req, sub, items)
-        futures = [gw.router.expect(i) for i in sub.ids]
-        try:
-            await gw.enqueuer.add(items)
-            replies = await await_replies(request, futures, timeout_ms)
-        except (ClientGone, DeadlineExceeded):
-            gw.canceller.cancel(model.info.name, sub.ids, sub.deadline_ms)
-            raise
-        finally:
-            gw.router.forget(sub.ids)
-        finals = [_raise_if_error(r) for r in replies]
-        status = 200
-        return Response(
-            _whole_body(fmt, request_id, name, sub, finals, req.return_token_ids),
-            200,
-            {
-                "X-Request-ID": request_id,
-                "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
-            },
-            media_type="application/json",
-        )
-    except MicrobatchError as exc:
-        status = exc.status
-        return error_response(exc, request_id)
+        await gw.enqueuer.add(items)
+        replies = await await_replies(request, futures, timeout_ms)
+    except (ClientGone, DeadlineExceeded):
+        gw.canceller.cancel(model.info.name, sub.ids, sub.deadline_ms)
+        raise
     finally:
-        metrics.inflight_requests.dec()
-        metrics.requests_total.labels(fmt.route, label, str(status)).inc()
-        metrics.request_duration_seconds.labels(fmt.route, label).observe(
-            time.perf_counter() - started
-        )
+        gw.router.forget(sub.ids)
+    finals = [_raise_if_error(r) for r in replies]
+    return Response(
+        _whole_body(fmt, request_id, name, sub, finals, req.return_token_ids),
+        200,
+        {
+            "X-Request-ID": request_id,
+            "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
+        },
+        media_type="application/json",
+    )
 
 
 class _CancellingStream(StreamingResponse):
