@@ -268,9 +268,8 @@ def test_one_bad_input_fails_alone_and_its_batch_mates_succeed(
     assert worker.popen.poll() is None
 
 
-def test_entries_past_their_deadline_are_skipped_without_compute(
-    redis_url: str, processes: Processes
-) -> None:
+def one_slow_worker(redis_url: str, processes: Processes):
+    """A gateway and one noop worker taking 1.5 s per batch of one: entries wait behind it."""
     port = free_port()
     common = {"redis_url": redis_url, "model": "noop"}
     processes.start(
@@ -278,6 +277,13 @@ def test_entries_past_their_deadline_are_skipped_without_compute(
     )
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
+    return gateway, port
+
+
+def test_entries_past_their_deadline_are_skipped_without_compute(
+    redis_url: str, processes: Processes
+) -> None:
+    gateway, port = one_slow_worker(redis_url, processes)
 
     async def scenario() -> tuple[httpx.Response, list[httpx.Response], float]:
         first = asyncio.create_task(fire(gateway.base_url, texts(1, "first")))
@@ -301,13 +307,7 @@ def test_entries_past_their_deadline_are_skipped_without_compute(
 def test_a_client_that_disconnects_is_cancelled_and_its_entry_never_computed(
     redis_url: str, processes: Processes
 ) -> None:
-    port = free_port()
-    common = {"redis_url": redis_url, "model": "noop"}
-    processes.start(
-        "worker", noop_compute_ms=1500, max_batch_size=1, max_wait_ms=0, metrics_port=port, **common
-    )
-    gateway = processes.start("gateway", **common)
-    wait_ready(gateway)
+    gateway, port = one_slow_worker(redis_url, processes)
 
     async def scenario() -> httpx.Response:
         first = asyncio.create_task(fire(gateway.base_url, texts(1, "first")))
