@@ -23,27 +23,58 @@ class Cost:
 
 
 class BatchCost:
-    """Least squares over the last `window` batches; None until it has seen enough spread."""
+    """Least squares over the last `window` batches; None until it has seen enough spread.
+
+    Asked before every batch, so it keeps running sums (O(1) per batch, not O(window)),
+    recomputed from the window now and then so float drift cannot build up.
+    """
 
     def __init__(self, window: int = 128, min_batches: int = 8) -> None:
         self._seen: deque[tuple[int, float]] = deque(maxlen=window)
         self._min = min_batches
+        self._sums = [0.0, 0.0, 0.0, 0.0]  # x, y, x*x, x*y over the window
+        self._since_exact = 0
+        self._estimate: Cost | None = None
+        self._fresh = True
 
     def observe(self, padded_tokens: int, seconds: float) -> None:
-        if padded_tokens > 0 and seconds > 0 and math.isfinite(seconds):
-            self._seen.append((padded_tokens, seconds))
+        if not (padded_tokens > 0 and seconds > 0 and math.isfinite(seconds)):
+            return
+        if len(self._seen) == self._seen.maxlen:
+            self._add(*self._seen[0], sign=-1.0)
+        self._seen.append((padded_tokens, seconds))
+        self._add(padded_tokens, seconds, sign=1.0)
+        self._since_exact += 1
+        if self._since_exact >= (self._seen.maxlen or 1):
+            self._sums = [0.0, 0.0, 0.0, 0.0]
+            for x, y in self._seen:
+                self._add(x, y, sign=1.0)
+            self._since_exact = 0
+        self._fresh = False
+
+    def _add(self, x: float, y: float, *, sign: float) -> None:
+        sums = self._sums
+        sums[0] += sign * x
+        sums[1] += sign * y
+        sums[2] += sign * x * x
+        sums[3] += sign * x * y
 
     def estimate(self) -> Cost | None:
-        if len(self._seen) < self._min:
-            return None
+        if not self._fresh:
+            self._estimate = self._fit()
+            self._fresh = True
+        return self._estimate
+
+    def _fit(self) -> Cost | None:
         n = len(self._seen)
-        mean_x = sum(x for x, _ in self._seen) / n
-        mean_y = sum(y for _, y in self._seen) / n
-        var_x = sum((x - mean_x) ** 2 for x, _ in self._seen)
-        if var_x < 1e-9 * max(1.0, mean_x**2) * n:
-            return None  # every batch the same size: no way to tell overhead from tokens
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in self._seen) / var_x
-        slope = max(slope, 1e-12)
+        if n < self._min:
+            return None
+        sx, sy, sxx, sxy = self._sums
+        mean_x, mean_y = sx / n, sy / n
+        var_x = sxx - sx * mean_x  # sum of squared deviations
+        if var_x < 1e-6 * max(1.0, mean_x**2) * n:
+            return None  # (nearly) every batch the same size: overhead and tokens blur
+        slope = max((sxy - sx * mean_y) / var_x, 1e-12)
         fixed = max(0.0, mean_y - slope * mean_x)
         return Cost(fixed, slope)
 

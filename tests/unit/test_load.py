@@ -1,0 +1,80 @@
+"""The worker's own load model: batch cost by least squares, and arrival rate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from worker.load import ArrivalRate, BatchCost
+
+
+def test_cost_recovers_fixed_overhead_and_per_token_time() -> None:
+    cost = BatchCost()
+    for padded in range(100, 2000, 50):
+        cost.observe(padded, 0.004 + 2e-5 * padded)
+    fit = cost.estimate()
+    assert fit is not None
+    assert fit.fixed_s == pytest.approx(0.004, rel=1e-6)
+    assert fit.per_token_s == pytest.approx(2e-5, rel=1e-6)
+    assert fit.seconds(1000) == pytest.approx(0.024, rel=1e-6)
+
+
+def test_cost_needs_enough_batches_and_spread() -> None:
+    cost = BatchCost(min_batches=8)
+    for _ in range(7):
+        cost.observe(500, 0.01)
+    assert cost.estimate() is None  # too few
+    cost.observe(500, 0.01)
+    assert cost.estimate() is None  # every batch the same size
+    cost.observe(1500, 0.03)
+    assert cost.estimate() is not None
+
+
+def test_cost_ignores_nonsense_observations() -> None:
+    cost = BatchCost(min_batches=2)
+    cost.observe(0, 0.01)
+    cost.observe(100, 0.0)
+    cost.observe(100, float("nan"))
+    assert cost.estimate() is None
+
+
+def test_cost_follows_the_window_as_the_machine_changes() -> None:
+    """Old batches leave the fit: after a window of slower batches, only those count."""
+    cost = BatchCost(window=32)
+    for padded in range(100, 3300, 100):
+        cost.observe(padded, 0.002 + 1e-5 * padded)
+    for padded in range(100, 3300, 100):
+        cost.observe(padded, 0.008 + 3e-5 * padded)
+    fit = cost.estimate()
+    assert fit is not None
+    assert fit.fixed_s == pytest.approx(0.008, rel=1e-6)
+    assert fit.per_token_s == pytest.approx(3e-5, rel=1e-6)
+
+
+def test_running_sums_match_a_fit_from_scratch_after_many_batches() -> None:
+    """The O(1) update must not drift from least squares over the window itself."""
+    rng = random.Random(7)
+    running = BatchCost(window=64)
+    points = []
+    for _ in range(5000):
+        padded = rng.randint(8, 8192)
+        seconds = 0.003 + 1.5e-5 * padded + rng.uniform(-1e-3, 1e-3)
+        running.observe(padded, seconds)
+        points.append((padded, seconds))
+    scratch = BatchCost(window=64)
+    for padded, seconds in points[-64:]:
+        scratch.observe(padded, seconds)
+    got, want = running.estimate(), scratch.estimate()
+    assert got is not None and want is not None
+    assert got.fixed_s == pytest.approx(want.fixed_s, rel=1e-9, abs=1e-12)
+    assert got.per_token_s == pytest.approx(want.per_token_s, rel=1e-9)
+
+
+def test_arrival_rate_from_gaps_decays_in_silence() -> None:
+    rate = ArrivalRate(weight=0.5)
+    assert rate.per_second(0.0) == 0.0
+    for i in range(20):
+        rate.observe(i * 0.01)  # 100 per second
+    assert rate.per_second(0.19) == pytest.approx(100, rel=1e-6)
+    assert rate.per_second(1.19) == pytest.approx(1.0, rel=1e-6)  # a second of silence
