@@ -157,9 +157,12 @@ async def complete(
         pipe.xadd(reply_to, {FIELD: payload}, maxlen=reply_maxlen)
     for reply_to in {r for r, _ in replies}:
         pipe.expire(reply_to, reply_ttl_s)  # a dead gateway's stream goes away on its own
+    by_stream: dict[str, list[str]] = {}
     for stream, entry_id in done:
-        pipe.xack(stream, GROUP, entry_id)
-        pipe.xdel(stream, entry_id)
+        by_stream.setdefault(stream, []).append(entry_id)
+    for stream, ids in by_stream.items():  # one XACK and one XDEL per stream, not per entry
+        pipe.xack(stream, GROUP, *ids)
+        pipe.xdel(stream, *ids)
     await pipe.execute()
 
 
