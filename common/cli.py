@@ -96,6 +96,7 @@ def _uvicorn_server(settings: Settings, fastapi_app: Any) -> Any:
         port=settings.port,
         log_level=settings.log_level,
         access_log=False,
+        server_header=False,  # one header less per answer, and no version to fingerprint
         lifespan="on",
         timeout_graceful_shutdown=30,
         log_config=None,  # uvicorn's lines go through our handler (JSON by default)

@@ -36,7 +36,8 @@ async def _disconnected(request: Request) -> None:
 async def await_replies(request: Request, futures: Sequence[asyncio.Future], timeout_ms: int):
     """Every future's result in order; DeadlineExceeded at the deadline, ClientGone if the
     client disconnects first."""
-    gathered = asyncio.gather(*futures)
+    single = len(futures) == 1  # the common case needs no gather
+    gathered = futures[0] if single else asyncio.gather(*futures)
     watcher = asyncio.create_task(_disconnected(request))
     try:
         done, _ = await asyncio.wait(
@@ -45,7 +46,7 @@ async def await_replies(request: Request, futures: Sequence[asyncio.Future], tim
     finally:
         watcher.cancel()
     if gathered in done:
-        return gathered.result()
+        return [gathered.result()] if single else gathered.result()
     gathered.cancel()
     gathered.add_done_callback(_retrieve)  # its CancelledError is expected, not news
     if watcher in done:
