@@ -64,6 +64,11 @@ class Settings(BaseSettings):
     worker_stale_ms: int = Field(default=5000, gt=0)
     worker_id: str | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
+    # Embedding batches computing at once, each on its share of the cores ("auto": one per
+    # core up to 4 cores, else one per 4; always 1 on a GPU, with ONNX, and for generation).
+    compute_streams: int | Literal["auto"] = "auto"
+    # Threads per batch; None: the cores split over the streams, and a lone batch with
+    # nothing else queued gets them all. A number fixes it for every batch.
     torch_threads: int | None = Field(default=None, gt=0)
     device: str = "cpu"
     # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir.
@@ -98,6 +103,13 @@ class Settings(BaseSettings):
     def _wait_not_negative(cls, value: float | str) -> float | str:
         if value != "auto" and value < 0:
             raise ValueError("max_wait_ms must be >= 0 or 'auto'")
+        return value
+
+    @field_validator("compute_streams")
+    @classmethod
+    def _streams_positive(cls, value: int | str) -> int | str:
+        if value != "auto" and value < 1:
+            raise ValueError("compute_streams must be >= 1 or 'auto'")
         return value
 
     @field_validator("buckets")

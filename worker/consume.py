@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -34,6 +35,7 @@ from common.store import Store
 from worker import recovery
 from worker.batching import Batch, Limits, Load, Waiting, next_batch
 from worker.load import ArrivalRate, BatchCost
+from worker.parallelism import Parallelism, usable_cores
 from worker.reclaim import Reclaimer
 from worker.runner import Runner
 from worker.utilization import Utilization
@@ -82,14 +84,25 @@ class Consumer:
         self._seq = itertools.count()
         self._batches = itertools.count()
         self._changed = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compute")
+        self._parallel = Parallelism.choose(
+            usable_cores(),
+            settings.compute_streams,
+            settings.torch_threads,
+            concurrent_ok=(
+                not limits.generates and settings.backend == "torch" and settings.device == "cpu"
+            ),
+        )
+        self._executor = ThreadPoolExecutor(
+            max_workers=self._parallel.streams, thread_name_prefix="compute"
+        )
+        self._computing: dict[asyncio.Task, tuple[int, float]] = {}  # batch: threads, start
         self._publishing: set[asyncio.Task] = set()
         # (stream, entry id) held or computing here, until published; ids repeat across streams
         self._owned: set[tuple[str, str]] = set()
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
         self._last_beat_s = 0.0
         self._utilization = Utilization(settings.device)
-        self._batch_started_s: float | None = None  # set while a batch computes
+        self._batch_started_s: float | None = None  # set while a generation step computes
         self._reclaimer = Reclaimer(
             store,
             name,
@@ -103,13 +116,16 @@ class Consumer:
         self.batches_run = 0
         self._cancelled: set[str] = set()  # entry ids whose clients stopped waiting
         self.crashed = False  # a loop died of a bug: the process must exit non-zero
-        self._cost = BatchCost()
+        # batch time depends on the threads it ran on: one fit per thread count
+        self._costs: dict[int, BatchCost] = {}
         self._arrivals = {b: ArrivalRate() for b in settings.buckets}
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
-        started = self._batch_started_s
-        return started is not None and self._clock() - started > self._settings.max_batch_ms / 1000
+        starts = [start for _, start in self._computing.values()]
+        if self._batch_started_s is not None:
+            starts.append(self._batch_started_s)
+        return bool(starts) and self._clock() - min(starts) > self._settings.max_batch_ms / 1000
 
     @property
     def held(self) -> int:
@@ -125,9 +141,15 @@ class Consumer:
         self._arrivals[held.bucket].observe(held.arrived_s)
 
     def _load(self) -> Load:
+        """Arrival rates and the batch cost at the thread count batches get under load
+        (where the cost model's choices matter), else at any count already fitted."""
         now = self._clock()
         rates = {b: rate.per_second(now) for b, rate in self._arrivals.items()}
-        return Load(self._cost.estimate(), rates)
+        loaded = self._costs.get(self._parallel.threads_per_stream)
+        cost = loaded.estimate() if loaded is not None else None
+        if cost is None:
+            cost = next((c for c in (f.estimate() for f in self._costs.values()) if c), None)
+        return Load(cost, rates)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -148,6 +170,8 @@ class Consumer:
             raise
         finally:
             await asyncio.gather(reader, reclaimer, watcher, return_exceptions=True)
+            if self._computing:
+                await asyncio.gather(*self._computing, return_exceptions=True)
             if self._publishing:
                 await asyncio.gather(*self._publishing, return_exceptions=True)
             self._executor.shutdown(wait=True)
@@ -389,36 +413,50 @@ class Consumer:
             limits = drain if draining else self._batch_limits
             if self._cancelled:
                 await self._drop_cancelled()
-            decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
-            if isinstance(decision, Batch):
-                await self._run_batch(decision)
-                continue
-            if draining and reader.done() and not self.held:
+            running = [threads for threads, _ in self._computing.values()]
+            timeout: float | None = None
+            if len(running) < self._parallel.streams:
+                decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
+                if isinstance(decision, Batch):
+                    more_held = self.held > len(decision.keys)
+                    threads = self._parallel.threads_for(running, more_held)
+                    if threads is not None:
+                        self._start_batch(decision, threads, stop)
+                        continue
+                elif decision.until_s is not None:
+                    timeout = max(0.0, decision.until_s - self._clock())
+            if draining and reader.done() and not self.held and not self._computing:
                 return
-            timeout = (
-                None if decision.until_s is None else max(0.0, decision.until_s - self._clock())
-            )
             if draining:
                 timeout = 0.05 if timeout is None else min(timeout, 0.05)
             await self._wait_changed(timeout)
 
-    async def _run_batch(self, batch: Batch) -> None:
+    def _start_batch(self, batch: Batch, threads: int, stop: asyncio.Event) -> None:
+        """Take the batch's entries off the queues now, so the next decision cannot pick
+        them again, and compute it beside any other running batch."""
         queue = self._queues[batch.bucket]
         members = [queue.pop(key) for key in batch.keys]
         self._changed.set()  # room for the reader
+        task = asyncio.create_task(self._run_batch(batch, members, threads), name="batch")
+        self._computing[task] = (threads, self._clock())
+        task.add_done_callback(lambda t: self._batch_done(t, stop))
+
+    def _batch_done(self, task: asyncio.Task, stop: asyncio.Event) -> None:
+        self._computing.pop(task, None)
+        self._changed.set()  # a stream is free
+        self._fail_on_crash(task, stop)
+
+    async def _run_batch(self, batch: Batch, members: list[Held], threads: int) -> None:
         start_ms = _wall_ms()
         t0 = time.perf_counter()
         rows = [h.entry.token_ids() for h in members]
         loop = asyncio.get_running_loop()
         if self._runner is None:
             raise RuntimeError("an embedding batch reached a worker without a runner: a bug")
-        self._batch_started_s = self._clock()
-        try:
-            results = await loop.run_in_executor(self._executor, self._runner.embed, rows)
-        finally:
-            self._batch_started_s = None
+        embed = functools.partial(self._runner.embed, rows, threads=threads)
+        results = await loop.run_in_executor(self._executor, embed)
         compute_s = time.perf_counter() - t0
-        self._observe(batch, members, compute_s, start_ms)
+        self._observe(batch, members, compute_s, start_ms, threads)
         batch_id = f"{self.name}:{next(self._batches)}"
         replies = []
         for held, result in zip(members, results, strict=True):
@@ -450,13 +488,15 @@ class Consumer:
         task.add_done_callback(self._publishing.discard)
         self.batches_run += 1
 
-    def _observe(self, batch: Batch, members: list[Held], compute_s: float, start_ms: int) -> None:
+    def _observe(
+        self, batch: Batch, members: list[Held], compute_s: float, start_ms: int, threads: int
+    ) -> None:
         labels = (self._model, str(batch.bucket))
         metrics.batch_size.labels(*labels).observe(len(members))
         metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
         metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
         metrics.compute_seconds.labels(*labels).observe(compute_s)
-        self._cost.observe(batch.padded_tokens, compute_s)
+        self._costs.setdefault(threads, BatchCost()).observe(batch.padded_tokens, compute_s)
         for held in members:
             metrics.queue_wait_seconds.labels(*labels).observe(
                 max(0, start_ms - held.entry.enqueued_ms) / 1000

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,12 @@ if TYPE_CHECKING:
     from worker.engine import GenerationEngine
 
 log = logging.getLogger("microbatch.worker")
+
+# A compute thread gives up the GIL during every torch operator and needs it back after:
+# with Python's default 5 ms switch interval, an event loop busy with requests (the gateway,
+# in `serve`) keeps it that long each time. Measured in `serve` on 2 cores, 32 clients,
+# short texts: a batch computed ~1.5x faster at 0.1 ms than at 5 ms (or 1 ms).
+GIL_SWITCH_INTERVAL_S = 0.0001
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +93,7 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
 async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | None = None) -> None:
     """Serve `settings.model` until `stop` is set; then finish what it holds and return."""
     own_store = store is None
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     store = open_store(settings) if store is None else store
     try:
         await check_access(store)

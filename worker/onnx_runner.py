@@ -130,8 +130,8 @@ class OnnxRunner:
         self._pad_id = 0
         self.dim = files.dim
 
-    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
-        return isolate_failures(self._forward, rows)
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        return isolate_failures(self._forward, rows)  # the session's threads are fixed
 
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         ids, mask = collate(rows, self._pad_id)

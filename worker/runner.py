@@ -22,8 +22,9 @@ RowResult = np.ndarray | Exception
 class Runner(Protocol):
     dim: int
 
-    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
-        """One float32 vector, or the exception that input caused, per row."""
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        """One float32 vector, or the exception that input caused, per row; on `threads`
+        threads where the runner can choose per call (None: as loaded)."""
         ...
 
 
@@ -66,7 +67,7 @@ class NoopRunner:
         self._fail_token = fail_token
         self._crash_token = crash_token
 
-    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
         if self._crash_token is not None and any((r == self._crash_token).any() for r in rows):
             os._exit(70)  # what a segfault or the OOM killer looks like from outside
         return isolate_failures(self._forward, rows)
@@ -98,7 +99,11 @@ class TorchRunner:
         self._pad_id = int(getattr(self._model.config, "pad_token_id", None) or 0)
         self.dim = int(self._model.config.hidden_size)
 
-    def embed(self, rows: Sequence[np.ndarray]) -> list[RowResult]:
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        # torch's intra-op thread count belongs to the calling thread (its OpenMP team), so
+        # batches computing side by side on different threads may each have their own
+        if threads is not None and threads != self._torch.get_num_threads():
+            self._torch.set_num_threads(threads)
         return isolate_failures(self._forward, rows)
 
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:

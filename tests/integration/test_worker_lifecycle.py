@@ -146,7 +146,7 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
     class Buggy:
         dim = 4
 
-        def embed(self, rows):
+        def embed(self, rows, threads=None):
             return []  # one result per row is the contract: this breaks it
 
     settings = Settings(redis_url=redis_url, model="noop", max_wait_ms=0, read_block_ms=100)
@@ -176,14 +176,14 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
         await streams.add_requests(store, [(keys.request("noop", 128), encode(entry))])
         try:
             await asyncio.wait_for(consumer.run(stop), 20)
-            raised = False
+            failed = consumer.crashed  # the batch's bug, logged; run_worker exits non-zero
         except TimeoutError:
-            raised = False  # hung: the failure this test exists for
+            failed = False  # hung: the failure this test exists for
         except ValueError:  # the bug itself (zip of rows and results), surfaced
-            raised = True
+            failed = True
         finally:
             await close_store(store)
-        return raised, stop.is_set()
+        return failed, stop.is_set()
 
-    raised, stopped = asyncio.run(scenario())
-    assert raised and stopped
+    failed, stopped = asyncio.run(scenario())
+    assert failed and stopped
