@@ -17,9 +17,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
+from worker.parallelism import Parallelism, usable_cores
 from worker.runner import TorchRunner
 
 Plan = list[list[int]]  # batches of workload indices
@@ -36,6 +38,16 @@ def load_runner() -> TorchRunner:
     from worker.models import describe
 
     return TorchRunner(describe(MODEL_NAME))
+
+
+def worker_parallelism() -> Parallelism:
+    """What a worker with default settings chooses on this machine."""
+    from common.settings import Settings
+
+    settings = Settings()
+    return Parallelism.choose(
+        usable_cores(), settings.compute_streams, settings.torch_threads, concurrent_ok=True
+    )
 
 
 def _cut(order: Sequence[int], fits: Callable[[list[int]], bool]) -> Plan:
@@ -96,26 +108,48 @@ def single_plan(tokens: Sequence[int]) -> Plan:
     return [[i] for i in range(len(tokens))]
 
 
-def run_plan(runner: TorchRunner, workload: Workload, plan: Plan) -> OfflineRun:
-    """Time every batch of the plan once, after one untimed warm-up forward of its largest."""
+def run_plan(
+    runner: TorchRunner, workload: Workload, plan: Plan, parallel: Parallelism | None = None
+) -> OfflineRun:
+    """Time every batch of the plan once, after one untimed warm-up forward of its largest.
+
+    With `parallel` (the worker's own choice for this machine), batches run as the worker
+    runs them under load: `streams` at once, each on `threads_per_stream` threads; without
+    it, one at a time on every core, as a lone batch runs.
+    """
     rows = workload.token_ids
     tokens = workload.tokens
-    runner.embed([rows[i] for i in max(plan, key=lambda b: padded(b, tokens))])
-    seconds = []
-    for batch in plan:
+    parallel = parallel or Parallelism(usable_cores(), 1, usable_cores(), adaptive=False)
+    threads = parallel.threads_per_stream
+
+    def timed(batch: list[int]) -> float:
         started = time.perf_counter()
-        runner.embed([rows[i] for i in batch])
-        seconds.append(time.perf_counter() - started)
+        runner.embed([rows[i] for i in batch], threads=threads)
+        return time.perf_counter() - started
+
+    # Longest first, so that no stream idles at the end while another runs a long batch
+    # (the order is free offline; with one stream it changes nothing).
+    order = sorted(range(len(plan)), key=lambda k: padded(plan[k], tokens), reverse=True)
+    with ThreadPoolExecutor(parallel.streams) as pool:
+        list(pool.map(timed, [plan[order[0]]] * parallel.streams))  # warm every stream
+        started = time.perf_counter()
+        timings = list(pool.map(timed, [plan[k] for k in order]))
+        elapsed = time.perf_counter() - started
+    seconds = [0.0] * len(plan)
+    for k, took in zip(order, timings, strict=True):
+        seconds[k] = took
     texts = sum(len(b) for b in plan)
     real = sum(tokens[i] for b in plan for i in b)
     return OfflineRun(
         figures={
             "texts": texts,
-            "texts_per_s": texts / sum(seconds),
+            "texts_per_s": texts / elapsed,
             "padded_per_real": sum(padded(b, tokens) for b in plan) / real,
             "mean_batch_size": texts / len(plan),
-            "compute_s": sum(seconds),
+            "compute_s": elapsed,
             "batch_ms_p50": statistics.median(seconds) * 1000,
+            "streams": parallel.streams,
+            "threads_per_stream": threads,
         },
         batch_seconds=seconds,
     )

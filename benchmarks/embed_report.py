@@ -20,10 +20,13 @@ from benchmarks.embed_workload import Workload
 
 ARMS = {
     "offline-limit": "whole workload sorted by length, batched (≤ 16, split where padded/real "
-    "would pass 1.3), padded to the batch max, one process",
+    "would pass 1.3; the best of a few padded-token caps per batch), padded to the batch "
+    "max, one process, batches computed as a loaded worker computes them (its streams and "
+    "threads), longest first",
     "offline-ceiling": "32 requests in flight: each arrival window of 32 sorted and split so "
-    "padded/real ≤ 1.3",
-    "offline-single": "one text per forward (each text's own compute time)",
+    "padded/real ≤ 1.3; computed as the limit is",
+    "offline-single": "one text per forward on every core, as a worker computes a lone text "
+    "(each text's own compute time)",
     "serve": "microbatch end to end, `microbatch serve` (embedded store)",
     "redis": "microbatch end to end, gateway + worker + redis-server",
     "serve-bs1": "`microbatch serve --max-batch-size 1`",
@@ -83,6 +86,7 @@ def setup(cfg: Any, workloads: dict[str, Workload]) -> dict:
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or None},
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
+        "worker_parallelism": _parallelism(),
         "wrk": _version([shutil.which("wrk") or "wrk", "-v"]),
         "infinity_emb": _version([str(infinity), "-c", version]) if infinity.is_file() else None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.items()},
@@ -166,3 +170,11 @@ def ratios(results: dict) -> list[dict]:
     serve = figure(results, "serve", "short", "c32", "texts_per_s")
     out.append(_ratio("serve / serve-bs1, short, 32 clients", serve, bs1, 2.5))
     return out
+
+
+def _parallelism() -> str:
+    from benchmarks.embed_offline import worker_parallelism
+
+    p = worker_parallelism()
+    lone = f", a lone batch on {p.cores}" if p.adaptive else ""
+    return f"{p.streams} stream(s) × {p.threads_per_stream} thread(s){lone}"
