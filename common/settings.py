@@ -7,7 +7,7 @@ import socket
 from typing import Annotated, Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -98,18 +98,12 @@ class Settings(BaseSettings):
     def _parse_lists(cls, value: object) -> object:
         return _split_commas(value)
 
-    @field_validator("max_wait_ms")
+    @field_validator("max_wait_ms", "compute_streams")
     @classmethod
-    def _wait_not_negative(cls, value: float | str) -> float | str:
-        if value != "auto" and value < 0:
-            raise ValueError("max_wait_ms must be >= 0 or 'auto'")
-        return value
-
-    @field_validator("compute_streams")
-    @classmethod
-    def _streams_positive(cls, value: int | str) -> int | str:
-        if value != "auto" and value < 1:
-            raise ValueError("compute_streams must be >= 1 or 'auto'")
+    def _auto_or_at_least(cls, value: float | str, info: ValidationInfo) -> float | str:
+        least = {"max_wait_ms": 0, "compute_streams": 1}[info.field_name]
+        if value != "auto" and value < least:
+            raise ValueError(f"{info.field_name} must be >= {least} or 'auto'")
         return value
 
     @field_validator("buckets")
