@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     worker_id: str | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
     # Embedding batches computing at once, each on its share of the cores ("auto": one per
-    # core up to 4 cores, else one per 4; always 1 on a GPU, with ONNX, and for generation).
+    # core up to 4 cores, else one per 4; 1 on a GPU, with ONNX, for generation and noop).
     compute_streams: int | Literal["auto"] = "auto"
     # Threads per batch; None: the cores split over the streams, and a lone batch with
     # nothing else queued gets them all. A number fixes it for every batch.

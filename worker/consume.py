@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError, ResponseError
@@ -34,6 +32,7 @@ from common.settings import Settings
 from common.store import Store
 from worker import recovery
 from worker.batching import Batch, Limits, Load, Waiting, next_batch
+from worker.compute_threads import ComputeThreads, free_stream
 from worker.load import ArrivalRate, BatchCost
 from worker.parallelism import Parallelism, usable_cores
 from worker.reclaim import Reclaimer
@@ -68,6 +67,7 @@ class Consumer:
         name: str,
         register: Callable[[], Awaitable[None]],
         clock: Callable[[], float] = time.monotonic,
+        compute: ComputeThreads | None = None,  # where the model was loaded, ideally
     ) -> None:
         self._register = register
         self._settings = settings
@@ -88,14 +88,14 @@ class Consumer:
             usable_cores(),
             settings.compute_streams,
             settings.torch_threads,
-            concurrent_ok=(
-                not limits.generates and settings.backend == "torch" and settings.device == "cpu"
-            ),
+            # a runner says whether batches may compute side by side on it (torch on a CPU)
+            concurrent_ok=bool(getattr(runner, "concurrent", False)) and settings.device == "cpu",
         )
-        self._executor = ThreadPoolExecutor(
-            max_workers=self._parallel.streams, thread_name_prefix="compute"
-        )
-        self._computing: dict[asyncio.Task, tuple[int, float]] = {}  # batch: threads, start
+        self._compute = compute or ComputeThreads()
+        self._compute.ensure(self._parallel.streams)
+        self._executor = self._compute.first  # what runs one thing at a time runs here
+        # each computing batch: its threads, start, stream
+        self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
         self._publishing: set[asyncio.Task] = set()
         # (stream, entry id) held or computing here, until published; ids repeat across streams
         self._owned: set[tuple[str, str]] = set()
@@ -122,7 +122,7 @@ class Consumer:
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
-        starts = [start for _, start in self._computing.values()]
+        starts = [start for _, start, _ in self._computing.values()]
         if self._batch_started_s is not None:
             starts.append(self._batch_started_s)
         return bool(starts) and self._clock() - min(starts) > self._settings.max_batch_ms / 1000
@@ -174,7 +174,7 @@ class Consumer:
                 await asyncio.gather(*self._computing, return_exceptions=True)
             if self._publishing:
                 await asyncio.gather(*self._publishing, return_exceptions=True)
-            self._executor.shutdown(wait=True)
+            self._compute.shutdown()
             try:
                 await streams.leave(self._store, self._keys, self._model, self.name)
             except RedisError:
@@ -413,15 +413,18 @@ class Consumer:
             limits = drain if draining else self._batch_limits
             if self._cancelled:
                 await self._drop_cancelled()
-            running = [threads for threads, _ in self._computing.values()]
+            running = [threads for threads, _, _ in self._computing.values()]
             timeout: float | None = None
             if len(running) < self._parallel.streams:
                 decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
                 if isinstance(decision, Batch):
                     more_held = self.held > len(decision.keys)
                     threads = self._parallel.threads_for(running, more_held)
-                    if threads is not None:
-                        self._start_batch(decision, threads, stop)
+                    busy = {stream for _, _, stream in self._computing.values()}
+                    wide = threads is not None and threads > self._parallel.threads_per_stream
+                    stream = free_stream(busy, self._parallel.streams, wide)
+                    if threads is not None and stream is not None:
+                        self._start_batch(decision, threads, stream, stop)
                         continue
                 elif decision.until_s is not None:
                     timeout = max(0.0, decision.until_s - self._clock())
@@ -431,14 +434,14 @@ class Consumer:
                 timeout = 0.05 if timeout is None else min(timeout, 0.05)
             await self._wait_changed(timeout)
 
-    def _start_batch(self, batch: Batch, threads: int, stop: asyncio.Event) -> None:
+    def _start_batch(self, batch: Batch, threads: int, stream: int, stop: asyncio.Event) -> None:
         """Take the batch's entries off the queues now, so the next decision cannot pick
         them again, and compute it beside any other running batch."""
         queue = self._queues[batch.bucket]
         members = [queue.pop(key) for key in batch.keys]
         self._changed.set()  # room for the reader
-        task = asyncio.create_task(self._run_batch(batch, members, threads), name="batch")
-        self._computing[task] = (threads, self._clock())
+        task = asyncio.create_task(self._run_batch(batch, members, threads, stream), name="batch")
+        self._computing[task] = (threads, self._clock(), stream)
         task.add_done_callback(lambda t: self._batch_done(t, stop))
 
     def _batch_done(self, task: asyncio.Task, stop: asyncio.Event) -> None:
@@ -446,15 +449,17 @@ class Consumer:
         self._changed.set()  # a stream is free
         self._fail_on_crash(task, stop)
 
-    async def _run_batch(self, batch: Batch, members: list[Held], threads: int) -> None:
+    async def _run_batch(
+        self, batch: Batch, members: list[Held], threads: int, stream: int
+    ) -> None:
         start_ms = _wall_ms()
         t0 = time.perf_counter()
         rows = [h.entry.token_ids() for h in members]
-        loop = asyncio.get_running_loop()
         if self._runner is None:
             raise RuntimeError("an embedding batch reached a worker without a runner: a bug")
-        embed = functools.partial(self._runner.embed, rows, threads=threads)
-        results = await loop.run_in_executor(self._executor, embed)
+        results = await asyncio.wrap_future(
+            self._compute.submit(stream, self._runner.embed, rows, threads=threads)
+        )
         compute_s = time.perf_counter() - t0
         self._observe(batch, members, compute_s, start_ms, threads)
         batch_id = f"{self.name}:{next(self._batches)}"

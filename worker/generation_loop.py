@@ -21,6 +21,7 @@ from common.protocol import GenerateEntry, GenerationChunk, encode, pack_tokens
 from common.settings import Settings
 from common.store import Store
 from worker import recovery
+from worker.compute_threads import ComputeThreads
 from worker.consume import Consumer, Held, _wall_ms
 from worker.detokenize import IncrementalDetokenizer, StopMatcher
 from worker.engine import Admission, GenerationEngine, Sampling
@@ -73,8 +74,9 @@ class GenerationConsumer(Consumer):
         limits: recovery.EntryLimits,
         name: str,
         register,
+        compute: ComputeThreads | None = None,
     ) -> None:
-        super().__init__(settings, store, None, limits, name, register)
+        super().__init__(settings, store, None, limits, name, register, compute=compute)
         self._engine = engine
         self._tokenizer = tokenizer
         self._engine_limits = EngineLimits.from_settings(settings)

@@ -12,6 +12,7 @@ from common import streams
 from common.protocol import ModelInfo, encode
 from common.settings import Settings
 from common.store import Store, check_access, close_store, open_store
+from worker.compute_threads import ComputeThreads
 from worker.consume import Consumer
 from worker.models import NOOP_MODEL, ModelFiles, describe
 from worker.recovery import EntryLimits
@@ -97,7 +98,9 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
     store = open_store(settings) if store is None else store
     try:
         await check_access(store)
-        model = await asyncio.to_thread(load_model, settings)
+        # loaded on the thread that runs batches on every core (see compute_threads)
+        compute = ComputeThreads()
+        model = await asyncio.wrap_future(compute.first.submit(load_model, settings))
         limits = EntryLimits(
             model=settings.model,
             max_tokens=model.max_tokens,
@@ -115,10 +118,10 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
 
             tokenizer = Tokenizer.from_str(model.files.tokenizer_json)
             consumer = GenerationConsumer(
-                settings, store, model.runner, tokenizer, limits, name, register=again
+                settings, store, model.runner, tokenizer, limits, name, again, compute
             )
         else:
-            consumer = Consumer(settings, store, model.runner, limits, name, register=again)
+            consumer = Consumer(settings, store, model.runner, limits, name, again, compute=compute)
         while not stop.is_set():
             try:
                 await register(store, settings, model)

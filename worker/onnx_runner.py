@@ -103,6 +103,8 @@ def pool(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling) -> np.ndarray:
 
 
 class OnnxRunner:
+    concurrent = False  # concurrent runs would share the session's one intra-op pool
+
     def __init__(
         self,
         files: ModelFiles,

@@ -45,7 +45,8 @@ class Parallelism:
     ) -> Parallelism:
         """`streams` "auto": one per core up to 4 cores, else one per 4 cores; one where
         batches cannot run side by side (`concurrent_ok` False: a GPU, ONNX Runtime's shared
-        pool, a generation engine). `threads` None: cores split evenly, and adaptive."""
+        pool, a generation engine, the noop model). `threads` None: cores split evenly, and
+        adaptive."""
         if not concurrent_ok:
             count = 1
         elif streams == "auto":

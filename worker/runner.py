@@ -21,6 +21,7 @@ RowResult = np.ndarray | Exception
 
 class Runner(Protocol):
     dim: int
+    concurrent: bool  # batches may compute side by side, each on its own threads
 
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
         """One float32 vector, or the exception that input caused, per row; on `threads`
@@ -52,7 +53,10 @@ class NoopRunner:
     The knobs make it the fake runner of the fault tests: `compute_ms` simulates a model's
     time per batch; a row holding `fail_token` raises (a bad input inside a batch); a batch
     holding `crash_token` kills the process (a poison input that takes the worker down).
+    One batch at a time, like the simplest model, so `compute_ms` is its whole capacity.
     """
+
+    concurrent = False
 
     def __init__(
         self,
@@ -82,6 +86,8 @@ class NoopRunner:
 
 class TorchRunner:
     """A transformers encoder with the pooling its sentence-transformers config asks for."""
+
+    concurrent = True  # inference only: the module is never written to
 
     def __init__(
         self, files: ModelFiles, *, device: str = "cpu", threads: int | None = None
