@@ -15,12 +15,13 @@ exactly as `worker.collate` pads. Timed with `perf_counter` around each forward.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
+from worker.compute_threads import ComputeThreads
 from worker.parallelism import Parallelism, usable_cores
 from worker.runner import TorchRunner
 
@@ -33,11 +34,19 @@ class OfflineRun:
     batch_seconds: list[float]  # per batch, in plan order
 
 
-def load_runner() -> TorchRunner:
-    """The default model as a worker loads it (torch's default thread count, float32, CPU)."""
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    runner: TorchRunner
+    compute: ComputeThreads  # the worker's own thread discipline: see compute_threads
+
+
+def load_runner() -> Loaded:
+    """The default model as a worker loads it (float32, CPU, on its stream-0 thread)."""
     from worker.models import describe
 
-    return TorchRunner(describe(MODEL_NAME))
+    compute = ComputeThreads()
+    compute.ensure(worker_parallelism().streams)
+    return Loaded(compute.first.submit(TorchRunner, describe(MODEL_NAME)).result(), compute)
 
 
 def worker_parallelism() -> Parallelism:
@@ -109,35 +118,45 @@ def single_plan(tokens: Sequence[int]) -> Plan:
 
 
 def run_plan(
-    runner: TorchRunner, workload: Workload, plan: Plan, parallel: Parallelism | None = None
+    loaded: Loaded, workload: Workload, plan: Plan, parallel: Parallelism | None = None
 ) -> OfflineRun:
     """Time every batch of the plan once, after one untimed warm-up forward of its largest.
 
     With `parallel` (the worker's own choice for this machine), batches run as the worker
-    runs them under load: `streams` at once, each on `threads_per_stream` threads; without
-    it, one at a time on every core, as a lone batch runs.
+    runs them under load: `streams` at once, each on `threads_per_stream` threads, on the
+    worker's threads; without it, one at a time on every core on stream 0, as a lone batch.
     """
     rows = workload.token_ids
     tokens = workload.tokens
     parallel = parallel or Parallelism(usable_cores(), 1, usable_cores(), adaptive=False)
     threads = parallel.threads_per_stream
-
-    def timed(batch: list[int]) -> float:
-        started = time.perf_counter()
-        runner.embed([rows[i] for i in batch], threads=threads)
-        return time.perf_counter() - started
-
     # Longest first, so that no stream idles at the end while another runs a long batch
     # (the order is free offline; with one stream it changes nothing).
     order = sorted(range(len(plan)), key=lambda k: padded(plan[k], tokens), reverse=True)
-    with ThreadPoolExecutor(parallel.streams) as pool:
-        list(pool.map(timed, [plan[order[0]]] * parallel.streams))  # warm every stream
-        started = time.perf_counter()
-        timings = list(pool.map(timed, [plan[k] for k in order]))
-        elapsed = time.perf_counter() - started
     seconds = [0.0] * len(plan)
-    for k, took in zip(order, timings, strict=True):
-        seconds[k] = took
+    pending = list(reversed(order))
+    lock = threading.Lock()
+
+    def lane() -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                k = pending.pop()
+            started = time.perf_counter()
+            loaded.runner.embed([rows[i] for i in plan[k]], threads=threads)
+            seconds[k] = time.perf_counter() - started
+
+    def warm() -> None:
+        loaded.runner.embed([rows[i] for i in plan[order[0]]], threads=threads)
+
+    streams = range(parallel.streams)
+    for f in [loaded.compute.submit(s, warm) for s in streams]:
+        f.result()
+    started = time.perf_counter()
+    for f in [loaded.compute.submit(s, lane) for s in streams]:
+        f.result()
+    elapsed = time.perf_counter() - started
     texts = sum(len(b) for b in plan)
     real = sum(tokens[i] for b in plan for i in b)
     return OfflineRun(

@@ -131,7 +131,7 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
         wanted = sorted(set(wanted) | {"offline-limit"}, key=OFFLINE_ARMS.index)
     if not wanted:
         return
-    runner = offline.load_runner()
+    loaded = offline.load_runner()
     for mix, workload in workloads.items():
         tokens = workload.tokens
         # The limit is the best of a few padded-token caps per batch: on one thread per
@@ -158,7 +158,7 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
             arm_caps = caps if arm == "offline-limit" else [None]
             for plan, cap in zip(plans[arm], arm_caps, strict=True):
                 runs = [
-                    offline.run_plan(runner, workload, plan, parallel) for _ in range(cfg.repeat)
+                    offline.run_plan(loaded, workload, plan, parallel) for _ in range(cfg.repeat)
                 ]
                 figures = median_of([r.figures for r in runs])
                 if cap is not None:
@@ -172,7 +172,8 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
                 figures["text_compute_ms"] = [statistics.median(s) * 1000 for s in per_text]
             results["arms"].setdefault(arm, {})[mix] = {"offline": figures}
             print(report.line(arm, mix, "offline", figures), flush=True)
-    del runner
+    loaded.compute.shutdown()
+    del loaded
     gc.collect()
 
 
