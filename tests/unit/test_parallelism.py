@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from worker.compute_threads import free_stream
 from worker.parallelism import Parallelism
 
 
@@ -49,3 +50,17 @@ def test_a_batch_waits_while_a_lone_one_holds_every_core() -> None:
     wide = Parallelism.choose(16, "auto", None, concurrent_ok=True)
     assert wide.threads_for([16], more_held=True) is None
     assert wide.threads_for([4, 4, 4], more_held=True) == 4
+
+
+def test_a_wide_batch_runs_on_stream_zero_only() -> None:
+    """Only one thread may ever run a batch on every core (libgomp's spinning)."""
+    assert free_stream(set(), streams=2, wide=True) == 0
+    assert free_stream({0}, streams=2, wide=True) is None
+    assert free_stream({1}, streams=2, wide=True) == 0
+
+
+def test_narrow_batches_leave_stream_zero_for_last() -> None:
+    assert free_stream(set(), streams=4, wide=False) == 3
+    assert free_stream({3, 2}, streams=4, wide=False) == 1
+    assert free_stream({1, 2, 3}, streams=4, wide=False) == 0
+    assert free_stream({0, 1, 2, 3}, streams=4, wide=False) is None
