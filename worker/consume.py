@@ -1,10 +1,11 @@
 """The worker's Redis loop: read → local bucket queues → policy → runner → publish → ack.
 
 Three asyncio tasks share one event loop and the local queues (only this loop touches them):
-the reader fills the queues with at most `max_batch_size` waiting entries, so idle peers get
-the rest of a burst; the scheduler asks `batching.next_batch` what to run and hands batches to
-the single compute thread; the reclaimer takes over entries left idle by dead peers. Nothing
-cancels a Redis command mid-flight: loops end by checking `stop` between commands.
+the reader fills the queues with up to `sort_window` waiting entries, so idle peers get the
+rest of a burst; the scheduler asks `batching.next_batch` what to run and hands each batch to
+a free compute stream (`parallelism`: several at once on a CPU, a lone one on every core);
+the reclaimer takes over entries left idle by dead peers. Nothing cancels a Redis command
+mid-flight: loops end by checking `stop` between commands.
 """
 
 from __future__ import annotations
