@@ -52,7 +52,7 @@ from gateway import admission
 from gateway.auth import RateLimiter, check_api_key
 from gateway.catalog import Catalog, ModelEntry
 from gateway.enqueue import Enqueuer
-from gateway.limits import BodyLimitMiddleware
+from gateway.hot_path import GatewayApp
 from gateway.replies import ReplyRouter
 from gateway.schemas import EmbeddingRequest
 from gateway.tokenize import TokenizePool
@@ -398,15 +398,14 @@ def _models_body(gw: Gateway) -> dict:
     return {"object": "list", "data": data}
 
 
-def _install_routes(app: FastAPI) -> None:
+def _install_routes(app: GatewayApp) -> None:
     from gateway.chat import chat_completions
     from gateway.completions import COMPLETIONS_SCHEMA, completions
     from gateway.schemas import ChatCompletionRequest
 
-    app.add_api_route(
+    app.add_hot_route(
         "/v1/chat/completions",
         chat_completions,
-        methods=["POST"],
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -418,17 +417,15 @@ def _install_routes(app: FastAPI) -> None:
         summary="Create chat completions (OpenAI-compatible; the model's chat template)",
     )
 
-    app.add_api_route(
+    app.add_hot_route(
         "/v1/completions",
         completions,
-        methods=["POST"],
         openapi_extra=COMPLETIONS_SCHEMA,
         summary="Create completions (OpenAI-compatible; stream: true for SSE)",
     )
-    app.add_api_route(
+    app.add_hot_route(
         "/v1/embeddings",
         embeddings,
-        methods=["POST"],
         openapi_extra=EMBEDDINGS_SCHEMA,
         summary="Create embeddings (OpenAI-compatible)",
     )
@@ -488,7 +485,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(exc, request.headers.get("x-request-id"))
 
 
-def create_app(settings: Settings, store: Store) -> FastAPI:
+def create_app(settings: Settings, store: Store) -> GatewayApp:
     gateway = Gateway(settings, store)
 
     @contextlib.asynccontextmanager
@@ -507,9 +504,14 @@ def create_app(settings: Settings, store: Store) -> FastAPI:
             await asyncio.gather(*tasks, return_exceptions=True)
             gateway.tokenize.close()
 
-    app = FastAPI(title="microbatch", version="0.1.0", lifespan=lifespan)
+    app = GatewayApp(
+        title="microbatch",
+        version="0.1.0",
+        lifespan=lifespan,
+        max_body_bytes=settings.max_body_bytes,
+        on_error=lambda exc: error_response(exc, None),
+    )
     app.state.gateway = gateway
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     _install_routes(app)
     _install_error_handlers(app)
     return app

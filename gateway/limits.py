@@ -35,7 +35,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge(seen)
+                    raise BodyTooLarge(seen)
             return message
 
         async def tracking_send(message: dict) -> None:
@@ -45,7 +45,7 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge as exc:
+        except BodyTooLarge as exc:
             if not started:
                 await self._reject(send, exc.seen)
 
@@ -62,6 +62,8 @@ class BodyLimitMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
+class BodyTooLarge(Exception):
+    """Raised out of `receive` past the limit; the middleware answers it with a 413."""
+
     def __init__(self, seen: int) -> None:
         self.seen = seen
