@@ -9,7 +9,11 @@ side by side in one run; requests/s, p50/p99 and their ratio.
 
 Part `path`: one redis-server, one gateway, one `noop` worker (no compute), loaded by wrk
 (a C client, so the load generator is not the bottleneck) at several connection counts;
-requests/s and p50/p99 as wrk measures them, plus the load generator's own CPU.
+requests/s and p50/p99 as wrk measures them, plus the load generator's own CPU. Then an
+open-loop run at a fixed offered rate (`--rate`, 1,000/s by default): wrk's connections send
+on a fixed schedule (a Lua `delay()` against the clock) instead of as soon as an answer
+arrives, so the latencies are those of a steady 1,000 requests/s, not of a saturated server.
+The issue's goals: >= 1,500 requests/s, and p99 < 20 ms at 1,000/s offered.
 
 Figures go to stdout and, as JSON, to `--out` (default `.bench/batching.json`).
 """
@@ -117,6 +121,37 @@ wrk.headers["Content-Type"] = "application/json"
 """
 
 
+# Open loop: each wrk thread claims evenly spaced send times (`init` gets its own rate), and
+# a connection that comes free waits for the next unclaimed one. A backlog is sent at once,
+# up to a second of it, as an open-loop client would have sent it on time.
+PACED_SCRIPT = (
+    WRK_SCRIPT
+    + """
+local ffi = require("ffi")
+ffi.cdef[[
+typedef struct { long tv_sec; long tv_nsec; } mb_timespec;
+int clock_gettime(int clk, mb_timespec *tp);
+]]
+local ts = ffi.new("mb_timespec")
+local function now_ms()
+  ffi.C.clock_gettime(1, ts)  -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
+end
+local interval_ms, next_at
+function init(args)
+  interval_ms = 1000 / tonumber(args[1])
+end
+function delay()
+  local now = now_ms()
+  next_at = math.max(next_at or now, now - 1000) + interval_ms
+  local wait = next_at - now
+  if wait < 0 then return 0 end
+  return math.floor(wait)
+end
+"""
+)
+
+
 def parse_wrk(output: str) -> dict:
     def ms(value: str) -> float:
         number, unit = re.match(r"([\d.]+)(us|ms|s)", value).groups()
@@ -135,7 +170,15 @@ def parse_wrk(output: str) -> dict:
     }
 
 
-def part_path(duration_s: float, connections: list[int]) -> dict:
+def run_wrk(wrk_args: list[str], duration_s: float) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(wrk_args, capture_output=True, text=True, check=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {**parse_wrk(out), "loadgen_cpu_share": cpu / duration_s}
+
+
+def part_path(duration_s: float, connections: list[int], rate: int) -> dict:
     wrk = shutil.which("wrk")
     redis_server = shutil.which("redis-server")
     if wrk is None or redis_server is None:
@@ -147,8 +190,9 @@ def part_path(duration_s: float, connections: list[int]) -> dict:
         rport, gport = free_port(), free_port()
         redis_url = f"redis://127.0.0.1:{rport}/0"
         url = f"http://127.0.0.1:{gport}"
-        script = Path(tmp) / "post.lua"
+        script, paced = Path(tmp) / "post.lua", Path(tmp) / "paced.lua"
         script.write_text(WRK_SCRIPT)
+        paced.write_text(PACED_SCRIPT)
         redis_args = [redis_server, "--port", str(rport), "--save", "", "--appendonly", "no"]
         common = {"redis_url": redis_url, "model": "noop", "max_queue_depth": 100_000}
         with (
@@ -162,29 +206,20 @@ def part_path(duration_s: float, connections: list[int]) -> dict:
                 capture_output=True,
                 check=True,
             )  # warm-up
+            seconds = f"-d{int(duration_s)}s"
             for c in connections:
-                before = resource.getrusage(resource.RUSAGE_CHILDREN)
-                out = subprocess.run(
-                    [
-                        wrk,
-                        "-t2",
-                        f"-c{c}",
-                        f"-d{int(duration_s)}s",
-                        "--latency",
-                        "-s",
-                        str(script),
-                        url + "/v1/embeddings",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-                after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-                results[f"connections={c}"] = {
-                    **parse_wrk(out),
-                    "loadgen_cpu_share": cpu / duration_s,
-                }
+                args = [wrk, "-t2", f"-c{c}", seconds, "--latency", "-s", str(script)]
+                results[f"connections={c}"] = run_wrk([*args, url + "/v1/embeddings"], duration_s)
+            args = [wrk, "-t2", "-c64", seconds, "--latency", "-s", str(paced)]
+            results[f"offered={rate}/s"] = {
+                **run_wrk([*args, url + "/v1/embeddings", "--", str(rate / 2)], duration_s),
+                "offered_per_s": rate,
+            }
+    best = max(v["requests_per_s"] for k, v in results.items() if k.startswith("connections="))
+    results["goals"] = {
+        "requests_per_s >= 1500": best >= 1500,
+        f"p99 < 20 ms at {rate}/s offered": results[f"offered={rate}/s"]["p99_ms"] < 20,
+    }
     return results
 
 
@@ -196,6 +231,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per measurement")
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--connections", default="16,32,64", help="wrk connection counts")
+    parser.add_argument("--rate", type=int, default=1000, help="open-loop requests/s offered")
     parser.add_argument("--out", type=Path, default=ROOT / ".bench" / "batching.json")
     args = parser.parse_args()
     report: dict = {"machine": {"cpus": os.cpu_count()}}
@@ -203,7 +239,7 @@ def main() -> None:
         report["model"] = part_model(args.duration, args.clients)
     if args.part in ("path", "all"):
         conns = [int(c) for c in args.connections.split(",")]
-        report["path"] = part_path(args.duration, conns)
+        report["path"] = part_path(args.duration, conns, args.rate)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
