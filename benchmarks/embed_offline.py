@@ -1,4 +1,4 @@
-"""Offline arms: the model alone, in this process, through the worker's own `TorchRunner`.
+"""Offline arms: the model alone, in this process, through the worker's own runner (`--backend`).
 
 No HTTP, no queue, no waiting: what the hardware allows for a batching plan. Each plan is a
 list of batches (indices into the workload); a batch is padded to its own longest member,
@@ -19,11 +19,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
 from worker.compute_threads import ComputeThreads
 from worker.parallelism import Parallelism, usable_cores
-from worker.runner import TorchRunner
+from worker.runner import Runner, TorchRunner
 
 Plan = list[list[int]]  # batches of workload indices
 
@@ -36,17 +38,27 @@ class OfflineRun:
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
-    runner: TorchRunner
+    runner: Runner
     compute: ComputeThreads  # the worker's own thread discipline: see compute_threads
 
 
-def load_runner() -> Loaded:
-    """The default model as a worker loads it (float32, CPU, on its stream-0 thread)."""
+def load_runner(backend: str = "torch") -> Loaded:
+    """The default model as a worker with `backend` loads it (float32, CPU, on its stream-0
+    thread), so the offline arms and the servers compute with the same engine."""
+    from common.settings import Settings
     from worker.models import describe
 
     compute = ComputeThreads()
     compute.ensure(worker_parallelism().streams)
-    return Loaded(compute.first.submit(TorchRunner, describe(MODEL_NAME)).result(), compute)
+    files = describe(MODEL_NAME)
+    if backend == "onnx":
+        from worker.onnx_runner import OnnxRunner
+
+        cache = Path(Settings().onnx_cache_dir).expanduser()
+        make = partial(OnnxRunner, files, cache_dir=cache)
+    else:
+        make = partial(TorchRunner, files)
+    return Loaded(compute.first.submit(make).result(), compute)
 
 
 def worker_parallelism() -> Parallelism:

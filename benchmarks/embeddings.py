@@ -104,6 +104,7 @@ class Config:
     infinity_venv: Path
     out_dir: Path
     quick: bool
+    backend: str = "torch"  # microbatch's engine, in its servers and its offline arms alike
 
 
 def median_of(runs: list[dict]) -> dict:
@@ -131,7 +132,7 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
         wanted = sorted(set(wanted) | {"offline-limit"}, key=OFFLINE_ARMS.index)
     if not wanted:
         return
-    loaded = offline.load_runner()
+    loaded = offline.load_runner(cfg.backend)
     for mix, workload in workloads.items():
         tokens = workload.tokens
         # The limit is the best of a few padded-token caps per batch: on one thread per
@@ -245,11 +246,11 @@ def start_server(arm: str, tmp: Path, cfg: Config) -> AbstractContextManager[Ser
     from worker.models import default_model_path
 
     if arm == "serve":
-        return microbatch_serve(arm, tmp)
+        return microbatch_serve(arm, tmp, backend=cfg.backend)
     if arm == "serve-bs1":
-        return microbatch_serve(arm, tmp, max_batch_size=1)
+        return microbatch_serve(arm, tmp, max_batch_size=1, backend=cfg.backend)
     if arm == "redis":
-        return microbatch_redis(arm, tmp)
+        return microbatch_redis(arm, tmp, backend=cfg.backend)
     cut = 512 if arm == "infinity-512" else None
     return infinity(arm, tmp, cfg.infinity_venv, default_model_path(), cut)
 
@@ -355,6 +356,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--open-connections", type=int, default=128, help="open loop's in-flight cap")
     p.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
     p.add_argument("--out-dir", type=Path, help="docs/ (quick: .bench/embeddings-quick/)")
+    p.add_argument(
+        "--backend",
+        choices=["torch", "onnx"],
+        default="torch",
+        help="microbatch's engine, for its servers and the offline arms alike",
+    )
     return p
 
 
@@ -395,6 +402,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         infinity_venv=a.infinity_venv,
         out_dir=a.out_dir or (ROOT / (".bench/embeddings-quick" if q else "docs")),
         quick=q,
+        backend=a.backend,
     )
 
 

@@ -44,8 +44,8 @@ class Parallelism:
         concurrent_ok: bool,
     ) -> Parallelism:
         """`streams` "auto": one per core up to 4 cores, else one per 4 cores; one where
-        batches cannot run side by side (`concurrent_ok` False: a GPU, ONNX Runtime's shared
-        pool, a generation engine, the noop model). `threads` None: cores split evenly, and
+        batches cannot run side by side (`concurrent_ok` False: a GPU, a generation engine,
+        the noop model). `threads` None: cores split evenly, and
         adaptive."""
         if not concurrent_ok:
             count = 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,15 @@ def test_the_onnx_backend_matches_the_reference_and_exports_once(
     again = OnnxRunner(files, cache_dir=tmp_path)  # served from the cache: no new export
     assert list(tmp_path.glob("*.onnx")) == exported
     assert cosines(again.embed(rows[:1]), want[:1]).min() >= 0.9999
+
+    # Streams: batches side by side, each on a 1-thread session, and a lone one on two.
+    with ThreadPoolExecutor(2) as pool:
+        halves = [pool.submit(runner.embed, rows[i::2], threads=1) for i in (0, 1)]
+        side_by_side = [f.result() for f in halves]
+    assert cosines(side_by_side[0], want[0::2]).min() >= 0.9999
+    assert cosines(side_by_side[1], want[1::2]).min() >= 0.9999
+    assert cosines(runner.embed(rows, threads=2), want).min() >= 0.9999
+    assert runner.concurrent
 
 
 def test_int8_quantisation_stays_close_to_the_reference(
