@@ -39,12 +39,16 @@ run (`--loads`) offered `--open-factor` x the offline limit, so it saturates. Pr
 written to `--out-dir` (docs/ by default, .bench/embeddings-quick/ with --quick) as
 benchmarks.json, benchmarks.png and benchmarks.md: texts/s, p50/p99, padded/real tokens, mean
 batch size, the load generator's own CPU, and every ratio issue 6 sets a goal for.
-`--repeat 2` reports the median of two runs of every measurement (the default without --quick).
+`--repeat 2` (the default without --quick) runs every arm twice in interleaved rounds (all
+arms, then all arms again) and reports the median of each measurement: on a shared machine
+whose speed drifts over half an hour, back-to-back repeats of one arm would put the drift
+between arms, into the very ratios the goals are judged by.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import resource
@@ -108,11 +112,16 @@ class Config:
 
 
 def median_of(runs: list[dict]) -> dict:
-    """Per key, the median of numbers, the first of anything else; dicts merged key by key."""
+    """Per key, the median of numbers, the first of anything else; dicts merged key by key,
+    lists of numbers item by item. A key some runs lack is merged over those that have it."""
     merged: dict = {}
-    for key, first in runs[0].items():
-        values = [r.get(key) for r in runs]
-        if isinstance(first, bool) or not isinstance(first, int | float | dict):
+    keys = dict.fromkeys(key for r in runs for key in r)
+    for key in keys:
+        values = [r[key] for r in runs if key in r]
+        first = values[0]
+        if _numbers(first) and all(_numbers(v) and len(v) == len(first) for v in values):
+            merged[key] = [statistics.median(items) for items in zip(*values, strict=True)]
+        elif isinstance(first, bool) or not isinstance(first, int | float | dict):
             merged[key] = first
         elif isinstance(first, dict):
             merged[key] = median_of([v for v in values if isinstance(v, dict)])
@@ -120,9 +129,17 @@ def median_of(runs: list[dict]) -> dict:
             numbers = [v for v in values if isinstance(v, int | float)]
             same = len(set(numbers)) == 1
             merged[key] = numbers[0] if same else statistics.median(numbers) if numbers else None
-    if len(runs) > 1 and "texts_per_s" in runs[0]:
+    if len(runs) > 1 and all("texts_per_s" in r for r in runs):
         merged["runs_texts_per_s"] = [r["texts_per_s"] for r in runs]
     return merged
+
+
+def _numbers(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
 
 
 def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> None:
@@ -324,14 +341,24 @@ def run(cfg: Config) -> dict:
     tokenizer = load_tokenizer(default_model_path())
     workloads = {mix: make_workload(mix, cfg.texts, tokenizer, cfg.seed) for mix in cfg.mixes}
     results: dict = {"setup": report.setup(cfg, workloads), "arms": {}, "foreign_cpu": {}}
-    start = cpu_seconds()
-    run_offline(cfg, workloads, results)
-    results["foreign_cpu"]["offline"] = foreign_share(start)
+    foreign: dict[str, list[float]] = {}
+    rounds: list[dict] = []
+    once = dataclasses.replace(cfg, repeat=1)
     with tempfile.TemporaryDirectory(prefix="mb-embeddings-") as tmp:
-        for arm in (a for a in SERVER_ARMS if a in cfg.arms):
+        for k in range(cfg.repeat):
+            if cfg.repeat > 1:
+                print(f"--- round {k + 1} of {cfg.repeat}", flush=True)
+            this: dict = {"arms": {}}
             start = cpu_seconds()
-            run_server_arm(arm, cfg, workloads, results, Path(tmp))
-            results["foreign_cpu"][arm] = foreign_share(start)
+            run_offline(once, workloads, this)
+            foreign.setdefault("offline", []).append(foreign_share(start))
+            for arm in (a for a in SERVER_ARMS if a in cfg.arms):
+                start = cpu_seconds()
+                run_server_arm(arm, once, workloads, this, Path(tmp))
+                foreign.setdefault(arm, []).append(foreign_share(start))
+            rounds.append(this["arms"])
+    results["arms"] = median_of(rounds)
+    results["foreign_cpu"] = {arm: max(shares) for arm, shares in foreign.items()}
     results["ratios"] = report.ratios(results)
     return results
 
