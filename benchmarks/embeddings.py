@@ -1,6 +1,6 @@
 """Embedding throughput and latency, side by side: the model alone, microbatch, infinity-emb.
 
-    .venv/bin/python benchmarks/embeddings.py                 # everything, ~25 min on 2 cores
+    .venv/bin/python benchmarks/embeddings.py                 # everything, ~45 min on 2 cores
     .venv/bin/python benchmarks/embeddings.py --quick         # every arm, ~4 min
     .venv/bin/python benchmarks/embeddings.py --quick --arms serve,offline-single --mixes short
 
@@ -39,10 +39,11 @@ run (`--loads`) offered `--open-factor` x the offline limit, so it saturates. Pr
 written to `--out-dir` (docs/ by default, .bench/embeddings-quick/ with --quick) as
 benchmarks.json, benchmarks.png and benchmarks.md: texts/s, p50/p99, padded/real tokens, mean
 batch size, the load generator's own CPU, and every ratio issue 6 sets a goal for.
-`--repeat 2` (the default without --quick) runs every arm twice in interleaved rounds (all
-arms, then all arms again) and reports the median of each measurement: on a shared machine
-whose speed drifts over half an hour, back-to-back repeats of one arm would put the drift
-between arms, into the very ratios the goals are judged by.
+`--repeat 3` (the default without --quick) runs every arm three times in interleaved rounds
+(all arms, then all arms again, ...) and reports the median of each measurement: on a shared
+machine whose speed drifts over half an hour, back-to-back repeats of one arm would put the
+drift between arms, into the very ratios the goals are judged by, and a median of three
+drops a round the host slowed down (one ran at half speed here; two rounds would average it).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ from benchmarks.embed_servers import (  # noqa: E402
     microbatch_redis,
     microbatch_serve,
 )
+from benchmarks.embed_stats import median_of  # noqa: E402
 from benchmarks.embed_workload import Workload, load_tokenizer, make_workload  # noqa: E402
 
 OFFLINE_ARMS = ("offline-limit", "offline-ceiling", "offline-single")
@@ -109,37 +111,6 @@ class Config:
     out_dir: Path
     quick: bool
     backend: str = "torch"  # microbatch's engine, in its servers and its offline arms alike
-
-
-def median_of(runs: list[dict]) -> dict:
-    """Per key, the median of numbers, the first of anything else; dicts merged key by key,
-    lists of numbers item by item. A key some runs lack is merged over those that have it."""
-    merged: dict = {}
-    keys = dict.fromkeys(key for r in runs for key in r)
-    for key in keys:
-        values = [r[key] for r in runs if key in r]
-        first = values[0]
-        if _numbers(first) and all(_numbers(v) and len(v) == len(first) for v in values):
-            merged[key] = [statistics.median(items) for items in zip(*values, strict=True)]
-        elif isinstance(first, bool) or not isinstance(first, int | float | dict):
-            merged[key] = first
-        elif isinstance(first, dict):
-            merged[key] = median_of([v for v in values if isinstance(v, dict)])
-        else:
-            numbers = [v for v in values if isinstance(v, int | float)]
-            same = len(set(numbers)) == 1
-            merged[key] = numbers[0] if same else statistics.median(numbers) if numbers else None
-    if len(runs) > 1 and all("texts_per_s" in r for r in runs):
-        merged["runs_texts_per_s"] = [r["texts_per_s"] for r in runs]
-    return merged
-
-
-def _numbers(value: object) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    )
 
 
 def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> None:
@@ -369,7 +340,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default=",".join(OFFLINE_ARMS + SERVER_ARMS))
     p.add_argument("--mixes", default="short,mixed")
     p.add_argument("--loads", default=",".join(LOADS))
-    p.add_argument("--repeat", type=int, help="runs per measurement, median kept (2; quick 1)")
+    p.add_argument("--repeat", type=int, help="interleaved rounds, median kept (3; quick 1)")
     p.add_argument("--texts", type=int, help="workload size per mix (512; quick 128)")
     p.add_argument("--duration", type=int, help="seconds per 32-client and open run (20; quick 4)")
     p.add_argument("--c1-duration", type=int, help="seconds per 1-client run (10; quick 3)")
@@ -418,7 +389,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         duration_s=pick(a.duration, 20, 4),
         c1_duration_s=pick(a.c1_duration, 10, 3),
         warmup_s=pick(a.warmup, 5, 2),
-        repeat=pick(a.repeat, 2, 1),
+        repeat=pick(a.repeat, 3, 1),
         seed=a.seed,
         offline_batch=a.offline_batch,
         max_batch_tokens=a.max_batch_tokens,

@@ -1,0 +1,38 @@
+"""How the embedding benchmark merges interleaved rounds into the figures it reports."""
+
+from __future__ import annotations
+
+from benchmarks.embed_stats import median_of
+
+
+def _round(serve: float, limit: float, per_text: list[float]) -> dict:
+    return {
+        "serve": {"short": {"c32": {"texts_per_s": serve, "errors": {}, "label": "x"}}},
+        "offline-single": {"short": {"offline": {"text_compute_ms": per_text}}},
+        "offline-limit": {"short": {"offline": {"texts_per_s": limit}}},
+    }
+
+
+def test_a_median_of_three_rounds_drops_the_round_the_host_slowed_down() -> None:
+    rounds = [
+        _round(147.0, 201.0, [10.0, 20.0]),
+        _round(70.0, 183.0, [30.0, 40.0]),  # the slow round
+        _round(150.0, 190.0, [11.0, 21.0]),
+    ]
+    merged = median_of(rounds)
+    serve = merged["serve"]["short"]["c32"]
+    assert serve["texts_per_s"] == 147.0
+    assert serve["runs_texts_per_s"] == [147.0, 70.0, 150.0]
+    assert serve["label"] == "x" and serve["errors"] == {}
+    assert merged["offline-limit"]["short"]["offline"]["texts_per_s"] == 190.0
+    per_text = merged["offline-single"]["short"]["offline"]["text_compute_ms"]
+    assert per_text == [11.0, 21.0]  # item by item, not the first round's list
+
+
+def test_an_arm_that_failed_in_one_round_keeps_the_others_figures_and_the_reason() -> None:
+    ok = {"infinity-512": {"short": {"c1": {"texts_per_s": 30.0}}}}
+    failed = {"infinity-512": {"unavailable": "ArmUnavailable: port in use"}}
+    merged = median_of([failed, ok, {"infinity-512": {"short": {"c1": {"texts_per_s": 34.0}}}}])
+    arm = merged["infinity-512"]
+    assert arm["short"]["c1"]["texts_per_s"] == 32.0
+    assert arm["unavailable"].startswith("ArmUnavailable")
