@@ -124,7 +124,8 @@ Run {s["date"]} on {s["machine"]["cpus"]} CPUs; torch {s["torch"]} (worker and o
 {s.get("worker_parallelism", f"{s['torch_threads']} threads")}),
 all-MiniLM-L6-v2 at its full 512 positions; {s["wrk"] or "wrk missing"}; infinity-emb
 {s["infinity_emb"] or "not installed"}. Workloads (fixed seed {s["config"]["seed"]}): {shapes}.
-Each measurement is the median of {s["config"]["repeat"]} run(s). {foreign_note(results)}
+Each measurement is the median of {s["config"]["repeat"]} interleaved round(s), every arm once
+per round. {foreign_note(results)}
 
 {arms}
 
@@ -163,10 +164,11 @@ Each measurement is the median of {s["config"]["repeat"]} run(s). {foreign_note(
   answers at once.
 - Other processes' CPU during each arm is the machine's busy time (`/proc/stat`) less this
   run's own processes; above {FOREIGN_LIMIT:.0%} of the machine the report flags the arm.
-- Offline arms run the worker's own `TorchRunner` in the benchmark process, once over each
-  whole workload; limit and ceiling run their batches as many at once, on as many threads
-  each, as a loaded worker does (longest first), and their texts/s is texts over the wall
-  time of the whole plan; single runs one text at a time on every core. Every load cycles
+- Offline arms run the worker's own runner (`--backend`, `TorchRunner` by default, the same
+  engine as the servers) in the benchmark process, once over each whole workload; limit
+  and ceiling run their batches as many at once, on as many threads each, as a loaded
+  worker does (longest first), and their texts/s is texts over the wall time of the whole
+  plan; single runs one text at a time on every core. Every load cycles
   through the same texts in the same order, so all arms see one sample.
 - p50 at 1 client − model compute: the 1-client p50 minus the median one-text forward time
   (offline-single) of the same texts, in the order they were sent.
