@@ -49,11 +49,9 @@ drops a round the host slowed down (one ran at half speed here; two rounds would
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import resource
-import statistics
 import sys
 import tempfile
 import time
@@ -146,19 +144,16 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
             best: tuple[dict, list] | None = None
             arm_caps = caps if arm == "offline-limit" else [None]
             for plan, cap in zip(plans[arm], arm_caps, strict=True):
-                runs = [
-                    offline.run_plan(loaded, workload, plan, parallel) for _ in range(cfg.repeat)
-                ]
-                figures = median_of([r.figures for r in runs])
+                measured = offline.run_plan(loaded, workload, plan, parallel)
+                figures = dict(measured.figures)
                 if cap is not None:
                     figures["batch_token_cap"] = cap
                 if best is None or figures["texts_per_s"] > best[0]["texts_per_s"]:
-                    best = (figures, runs)
+                    best = (figures, measured)
             assert best is not None
-            figures, runs = best
-            if arm == "offline-single":  # per text, the median over the repeats, in order
-                per_text = zip(*(r.batch_seconds for r in runs), strict=True)
-                figures["text_compute_ms"] = [statistics.median(s) * 1000 for s in per_text]
+            figures, measured = best
+            if arm == "offline-single":  # per text, in order (rounds merge them item by item)
+                figures["text_compute_ms"] = [s * 1000 for s in measured.batch_seconds]
             results["arms"].setdefault(arm, {})[mix] = {"offline": figures}
             print(report.line(arm, mix, "offline", figures), flush=True)
     loaded.compute.shutdown()
@@ -250,13 +245,12 @@ def open_rate(cfg: Config, results: dict, mix: str) -> float:
 
 
 def measure_mix(server: Server, workload: Workload, cfg: Config, rate: float, tmp: Path) -> dict:
-    """A warm-up (not counted), then every load on this mix, `repeat` times each."""
+    """A warm-up (not counted), then every load on this mix once (rounds repeat it)."""
     script = wrk_script(workload, tmp)
     settle(server, None, closed_loop(server.url, script, 32, cfg.warmup_s))
     by_load: dict = {}
     for load in cfg.loads:
-        runs = [measure(server, workload, load, script, cfg, rate) for _ in range(cfg.repeat)]
-        by_load[load] = median_of(runs)
+        by_load[load] = measure(server, workload, load, script, cfg, rate)
         print(report.line(server.arm, workload.mix, load, by_load[load]), flush=True)
     return by_load
 
@@ -314,18 +308,17 @@ def run(cfg: Config) -> dict:
     results: dict = {"setup": report.setup(cfg, workloads), "arms": {}, "foreign_cpu": {}}
     foreign: dict[str, list[float]] = {}
     rounds: list[dict] = []
-    once = dataclasses.replace(cfg, repeat=1)
     with tempfile.TemporaryDirectory(prefix="mb-embeddings-") as tmp:
         for k in range(cfg.repeat):
             if cfg.repeat > 1:
                 print(f"--- round {k + 1} of {cfg.repeat}", flush=True)
             this: dict = {"arms": {}}
             start = cpu_seconds()
-            run_offline(once, workloads, this)
+            run_offline(cfg, workloads, this)
             foreign.setdefault("offline", []).append(foreign_share(start))
             for arm in (a for a in SERVER_ARMS if a in cfg.arms):
                 start = cpu_seconds()
-                run_server_arm(arm, once, workloads, this, Path(tmp))
+                run_server_arm(arm, cfg, workloads, this, Path(tmp))
                 foreign.setdefault(arm, []).append(foreign_share(start))
             rounds.append(this["arms"])
     results["arms"] = median_of(rounds)
