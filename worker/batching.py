@@ -10,9 +10,11 @@ batch holds similar lengths, every entry is served once it is the oldest, and pa
 mixed lengths stays low. A bucket is ready when its batch is full (`max_batch_size`), the
 padded-token budget (`max_batch_tokens`) or the length rule stops it growing, its anchor is
 interactive, or waiting no longer pays: after `max_wait_s` from its oldest entry, or, with
-`max_wait_s=None` ("auto"), as soon as the next arrival is not expected within the batch's
-fixed overhead per member (waiting for one more is then slower than running now), within a
-quarter of `latency_slo_s`. Batches never mix buckets.
+`max_wait_s=None` ("auto"), at once while no other batch computes (the machine is idle: a
+batch run now delays no later one, and a closed-loop client sends its next request only
+once answered, so waiting for it waits for nothing), else as soon as the next arrival is not
+expected within the batch's fixed overhead per member (waiting for one more is then slower
+than running now), within a quarter of `latency_slo_s`. Batches never mix buckets.
 """
 
 from __future__ import annotations
@@ -86,10 +88,12 @@ def raw_ms(wait_s: float | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """What the worker has measured: its batch cost, and arrivals per second per bucket."""
+    """What the worker has measured: its batch cost, arrivals per second per bucket, and how
+    many batches are computing now."""
 
     cost: Cost | None = None
     arrivals_per_s: Mapping[int, float] = field(default_factory=dict)
+    computing: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +192,13 @@ def _auto_wait_until(
 
     Running n entries now costs the fixed overhead once more than running them together with
     the next arrival, which is expected in 1/rate seconds: waiting pays only while that gap
-    is shorter than the fixed overhead's share per member.
+    is shorter than the fixed overhead's share per member, and only while another batch
+    computes. With nothing computing, the rate can mislead: a closed-loop client's gaps
+    include the waits themselves, and an overhead fitted on loaded batches overstates an
+    idle one's, so at 1 client every request would wait for an arrival that cannot come.
     """
     rate = load.arrivals_per_s.get(bucket, 0.0)
-    if load.cost is None or rate <= 0:
+    if load.cost is None or rate <= 0 or load.computing == 0:
         return None
     gap_s = 1.0 / rate
     if gap_s >= load.cost.fixed_s / size:

@@ -142,15 +142,16 @@ class Consumer:
         self._arrivals[held.bucket].observe(held.arrived_s)
 
     def _load(self) -> Load:
-        """Arrival rates and the batch cost at the thread count batches get under load
-        (where the cost model's choices matter), else at any count already fitted."""
+        """Arrival rates, the batch cost at the thread count batches get under load (where
+        the cost model's choices matter), else at any count already fitted, and how many
+        batches compute now."""
         now = self._clock()
         rates = {b: rate.per_second(now) for b, rate in self._arrivals.items()}
         loaded = self._costs.get(self._parallel.threads_per_stream)
         cost = loaded.estimate() if loaded is not None else None
         if cost is None:
             cost = next((c for c in (f.estimate() for f in self._costs.values()) if c), None)
-        return Load(cost, rates)
+        return Load(cost, rates, len(self._computing))
 
     # ---- lifecycle -------------------------------------------------------------------------
 

@@ -212,14 +212,24 @@ def test_batch_traffic_passed_over_too_long_goes_before_interactive() -> None:
 
 def test_auto_wait_runs_at_once_at_low_load() -> None:
     queue = [waiting(0, 10, at=1.0)]
-    quiet = Load(Cost(0.004, 1e-5), {128: 5.0})  # next arrival in 200 ms >> 4 ms overhead
+    quiet = Load(Cost(0.004, 1e-5), {128: 5.0}, computing=1)  # next in 200 ms >> 4 ms
     assert isinstance(next_batch({128: queue}, 1.0, AUTO, quiet), Batch)
     assert isinstance(next_batch({128: queue}, 1.0, AUTO, Load()), Batch)  # nothing measured
 
 
+def test_auto_wait_runs_at_once_while_nothing_else_computes() -> None:
+    """A closed-loop client's next request waits on this answer: with every stream idle,
+    however high the measured rate and the fitted overhead, waiting only adds latency."""
+    queue = [waiting(0, 10, at=1.0)]
+    idle = Load(Cost(0.050, 1e-5), {128: 40.0}, computing=0)  # 25 ms gaps < 50 ms overhead
+    assert isinstance(next_batch({128: queue}, 1.0, AUTO, idle), Batch)
+    busy = Load(Cost(0.050, 1e-5), {128: 40.0}, computing=1)
+    assert isinstance(next_batch({128: queue}, 1.0, AUTO, busy), Wait)
+
+
 def test_auto_wait_waits_for_an_arrival_due_within_the_fixed_overhead() -> None:
     queue = [waiting(0, 10, at=1.0)]
-    busy = Load(Cost(0.004, 1e-5), {128: 1000.0})  # next arrival in 1 ms < 4 ms overhead
+    busy = Load(Cost(0.004, 1e-5), {128: 1000.0}, computing=1)  # next in 1 ms < 4 ms
     decision = next_batch({128: queue}, 1.0, AUTO, busy)
     assert decision == Wait(pytest.approx(1.001))
     two = [waiting(0, 10, at=1.0), waiting(1, 10, at=1.0005)]  # 1 ms < 4/2 ms: still pays
@@ -228,7 +238,7 @@ def test_auto_wait_waits_for_an_arrival_due_within_the_fixed_overhead() -> None:
 
 def test_auto_wait_never_outlasts_a_quarter_of_the_latency_target() -> None:
     queue = [waiting(0, 10, at=1.0)]
-    busy = Load(Cost(0.004, 1e-5), {128: 1000.0})
+    busy = Load(Cost(0.004, 1e-5), {128: 1000.0}, computing=1)
     assert isinstance(next_batch({128: queue}, 1.0 + 0.1 / 4, AUTO, busy), Batch)
 
 
