@@ -57,7 +57,7 @@ def load_runner(backend: str = "torch") -> Loaded:
         cache = Path(Settings().onnx_cache_dir).expanduser()
         make = partial(OnnxRunner, files, cache_dir=cache)
     else:
-        make = partial(TorchRunner, files)
+        make = partial(TorchRunner, files, torchscript=Settings().torchscript)
     return Loaded(compute.first.submit(make).result(), compute)
 
 

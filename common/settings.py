@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     device: str = "cpu"
     # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir.
     backend: Literal["torch", "onnx"] = "torch"
+    # torch backend: run the encoder as a TorchScript trace (the whole forward in C++, free
+    # of the GIL), checked against eager at load; eager where tracing fails or disagrees.
+    torchscript: bool = True
     onnx_cache_dir: str = "~/.cache/microbatch/onnx"
     # int8 dynamic quantisation of the exported graph's weights (onnx backend; torch's own
     # is deprecated): faster on CPU, slightly less exact; the test suite bounds the loss.

@@ -65,7 +65,12 @@ def load_model(settings: Settings) -> LoadedModel:
             files, cache_dir=cache, threads=settings.torch_threads, int8=settings.quantize == "int8"
         )
     else:
-        runner = TorchRunner(files, device=settings.device, threads=settings.torch_threads)
+        runner = TorchRunner(
+            files,
+            device=settings.device,
+            threads=settings.torch_threads,
+            torchscript=settings.torchscript,
+        )
     return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))
 
 

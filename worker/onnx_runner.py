@@ -96,7 +96,7 @@ def quantized(source: Path) -> Path:
 
 
 def pool(hidden: np.ndarray, mask: np.ndarray, pooling: Pooling) -> np.ndarray:
-    """`runner.pool` in numpy: over real tokens only."""
+    """`encoder.pool` in numpy: over real tokens only."""
     if pooling.mode == "cls":
         out = hidden[:, 0]
     elif pooling.mode == "max":

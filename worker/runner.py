@@ -14,7 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
-from worker.models import ModelFiles, Pooling
+from worker.models import ModelFiles
 
 RowResult = np.ndarray | Exception
 
@@ -90,20 +90,32 @@ class TorchRunner:
     concurrent = True  # inference only: the module is never written to
 
     def __init__(
-        self, files: ModelFiles, *, device: str = "cpu", threads: int | None = None
+        self,
+        files: ModelFiles,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        torchscript: bool = False,
     ) -> None:
         import torch
         from transformers import AutoModel
+
+        from worker.encoder import Encoder, trace_checked
 
         if threads:
             torch.set_num_threads(threads)
         self._torch = torch
         self._device = torch.device(device)
-        self._pooling = files.pooling
-        self._model = AutoModel.from_pretrained(files.path, dtype=torch.float32).to(self._device)
-        self._model.eval()
-        self._pad_id = int(getattr(self._model.config, "pad_token_id", None) or 0)
-        self.dim = int(self._model.config.hidden_size)
+        model = AutoModel.from_pretrained(files.path, dtype=torch.float32).to(self._device)
+        model.eval()
+        self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        self.dim = int(model.config.hidden_size)
+        self._encode = Encoder(model, files.pooling).eval()
+        self.traced = False  # whether batches run as a TorchScript trace
+        if torchscript:
+            traced = trace_checked(self._encode, self._pad_id, files.max_tokens, self._device)
+            if traced is not None:
+                self._encode, self.traced = traced, True
 
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
         # torch's intra-op thread count belongs to the calling thread (its OpenMP team), so
@@ -118,21 +130,5 @@ class TorchRunner:
         torch = self._torch
         ids, mask = collate(rows, self._pad_id)
         with torch.inference_mode():
-            ids, mask = ids.to(self._device), mask.to(self._device)
-            hidden = self._model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, T, D)
-            pooled = pool(hidden, mask, self._pooling)  # (B, D)
+            pooled = self._encode(ids.to(self._device), mask.to(self._device))  # (B, D)
         return list(pooled.float().cpu().numpy())
-
-
-def pool(hidden, mask, pooling: Pooling):  # (B, T, D), (B, T) -> (B, D)
-    """Pool over real tokens only; padding never reaches the vector."""
-    import torch
-
-    if pooling.mode == "cls":
-        out = hidden[:, 0]
-    elif pooling.mode == "max":
-        out = hidden.masked_fill(mask.unsqueeze(-1) == 0, torch.finfo(hidden.dtype).min).amax(1)
-    else:
-        weights = mask.unsqueeze(-1).to(hidden.dtype)
-        out = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(out, p=2, dim=1) if pooling.normalize else out

@@ -1,4 +1,5 @@
-"""The faster CPU backends give the reference's embeddings: ONNX exactly, int8 within a bound."""
+"""The faster CPU backends give the reference's embeddings: the TorchScript trace and ONNX
+exactly, int8 within a bound; a trace that disagrees with eager never serves."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.models import describe
+from worker.encoder import trace_checked
+from worker.models import Pooling, describe
 from worker.onnx_runner import OnnxRunner
+from worker.runner import TorchRunner
 
 pytestmark = pytest.mark.slow
 TEXTS = [
@@ -52,6 +55,46 @@ def test_the_onnx_backend_matches_the_reference_and_exports_once(
     assert cosines(side_by_side[1], want[1::2]).min() >= 0.9999
     assert cosines(runner.embed(rows, threads=2), want).min() >= 0.9999
     assert runner.concurrent
+
+
+def test_the_torchscript_trace_matches_the_reference_at_any_batch_shape(
+    reference_model, rows
+) -> None:
+    runner = TorchRunner(describe("all-MiniLM-L6-v2"), torchscript=True)
+    assert runner.traced  # MiniLM traces: what the default serves
+    want = reference_model.encode(TEXTS)
+    assert cosines(runner.embed(rows), want).min() >= 0.9999  # 4 rows of 3..~100 tokens
+    for i, row in enumerate(rows):  # one at a time: other shapes than the trace saw
+        assert cosines(runner.embed([row]), want[i : i + 1]).min() >= 0.9999
+    with ThreadPoolExecutor(2) as pool:  # two streams on one trace, as under load
+        halves = [pool.submit(runner.embed, rows[i::2], threads=1) for i in (0, 1)]
+        side_by_side = [f.result() for f in halves]
+    assert cosines(side_by_side[0], want[0::2]).min() >= 0.9999
+    assert cosines(side_by_side[1], want[1::2]).min() >= 0.9999
+
+
+def test_a_trace_that_disagrees_with_eager_is_refused() -> None:
+    """Python control flow on a shape is frozen at the traced shape: the load-time check must
+    catch it, so the worker serves eager instead of wrong vectors."""
+    import torch
+
+    class ShapeDependent(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(2000, 8)
+            self.pooling = Pooling("mean", True)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            out = self.embed(input_ids).mean(1)
+            return -out if input_ids.shape[1] > 16 else out  # traced at 8 tokens: never flips
+
+    class Plain(ShapeDependent):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.embed(input_ids).mean(1)
+
+    cpu = torch.device("cpu")
+    assert trace_checked(ShapeDependent().eval(), 0, 512, cpu) is None
+    assert trace_checked(Plain().eval(), 0, 512, cpu) is not None  # not merely strict
 
 
 def test_int8_quantisation_stays_close_to_the_reference(
