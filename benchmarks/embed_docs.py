@@ -143,8 +143,13 @@ per round. {foreign_note(results)}
 
 ## How it is measured
 
-- Closed loops: wrk (`-t1`, keep-alive, `--timeout 120s`) walks the workload's bodies in
+- 32 clients: wrk (`-t1`, keep-alive, `--timeout 120s`) walks the workload's bodies in
   order; texts/s counts 200 answers over wrk's own duration; p50/p99 are wrk's.
+- 1 client: one keep-alive connection from a blocking socket in the benchmark process walks
+  the same bodies in the same order and times every request, so it knows which text each
+  latency belongs to (tens of microseconds of its own CPU a request). wrk's latencies at one
+  connection did not add up here: its mean latency times its requests per second came to
+  1.26 on the mixed texts, where one connection can at most reach 1.
 - Open loop: Poisson arrivals at {s["config"]["open_factor"]:g} × the offline limit (or
   `--open-rate`), from {s["config"]["loadgen_procs"]} raw-socket client process(es) with at most
   {s["config"]["open_connections"]} requests in flight (an arrival beyond that is shed and
@@ -170,8 +175,9 @@ per round. {foreign_note(results)}
   worker does (longest first), and their texts/s is texts over the wall time of the whole
   plan; single runs one text at a time on every core. Every load cycles
   through the same texts in the same order, so all arms see one sample.
-- p50 at 1 client − model compute: the 1-client p50 minus the median one-text forward time
-  (offline-single) of the same texts, in the order they were sent.
+- p50 at 1 client − model compute: over the requests the one client sent (every round's),
+  the median of each text's latency minus that text's own one-text forward time
+  (offline-single): what serving adds to the model, text by text.
 """
 
 

@@ -13,6 +13,13 @@ raw keep-alive HTTP/1.1 client (`benchmarks.overload.RawClient`, microseconds a 
 arrival that finds all of a process's connections busy is shed and counted. Each process
 reports its own CPU time.
 
+One client (each request sent when the last is answered, on one keep-alive connection): a
+blocking socket in this process, which times every request and knows which text it carried,
+so the 1-client goal compares each text's latency with that text's own compute time. One
+request at a time costs it tens of microseconds; wrk's own latencies at one connection did
+not add up here (its mean latency times its requests per second came to 1.26 seconds per
+second on the mixed texts), and it cannot say which text a latency belongs to.
+
 Every server is reached at `/v1/embeddings` on 127.0.0.1.
 """
 
@@ -25,6 +32,8 @@ import random
 import re
 import resource
 import shutil
+import socket
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
@@ -138,6 +147,80 @@ def closed_loop(url: str, script: Path, clients: int, duration_s: int) -> dict:
         "full_batches": raw["full_batches"],
         "header_batch_size_mean": raw["batch_sum"] / raw["batch_n"] if raw["batch_n"] else None,
         "header_compute_ms_mean": raw["compute_ms"] / raw["batch_n"] if raw["batch_n"] else None,
+        "loadgen_cpu_s": cpu_s,
+        "loadgen_cpu_share": cpu_s / elapsed_s,
+    }
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    found = re.search(rb"(?im)^" + name + rb": *([^\r\n]*)", head)
+    return found.group(1) if found else None
+
+
+def one_client(port: int, workload: Workload, duration_s: float, timeout_ms: int = 120_000) -> dict:
+    """One keep-alive connection walking the workload in order for `duration_s`: the closed
+    loop's figures, plus every answered request's text index and latency (`per_text`)."""
+    bodies = workload.bodies()
+    head = (
+        f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"X-Microbatch-Timeout-Ms: {timeout_ms}\r\nContent-Length: "
+    ).encode()
+    per_text: list[tuple[int, float]] = []
+    compute_ms: list[float] = []
+    sizes: list[int] = []
+    errors: dict[str, int] = {}
+    cpu = time.process_time()
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_ms / 1000) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stream = sock.makefile("rb")
+        start = time.perf_counter()
+        sent = 0
+        while time.perf_counter() - start < duration_s:
+            index = sent % len(bodies)
+            body = bodies[index]
+            t0 = time.perf_counter()
+            sock.sendall(head + str(len(body)).encode() + b"\r\n\r\n" + body)
+            answer = b""
+            while not answer.endswith(b"\r\n\r\n"):
+                line = stream.readline()
+                if not line:
+                    raise ConnectionError("the server closed the connection")
+                answer += line
+            stream.read(int(_header(answer, b"content-length") or 0))
+            latency_ms = (time.perf_counter() - t0) * 1000
+            sent += 1
+            status = int(answer[9:12])
+            if status != 200:
+                errors[str(status)] = errors.get(str(status), 0) + 1
+                continue
+            per_text.append((index, latency_ms))
+            size, compute = (
+                _header(answer, b"x-microbatch-batch-size"),
+                _header(answer, b"x-microbatch-compute-ms"),
+            )
+            if size is not None and compute is not None:
+                sizes.append(int(size))
+                compute_ms.append(float(compute))
+        elapsed_s = time.perf_counter() - start
+    cpu_s = time.process_time() - cpu
+    latencies = sorted(latency for _, latency in per_text)
+    ok = len(per_text)
+    return {
+        "texts_per_s": ok / elapsed_s,
+        "p50_ms": _pct([x / 1000 for x in latencies], 0.50),
+        "p99_ms": _pct([x / 1000 for x in latencies], 0.99),
+        "mean_ms": statistics.mean(latencies) if latencies else None,
+        "ok": ok,
+        "sent": sent,
+        "sent_tokens": sum(workload.tokens[i % len(bodies)] for i in range(sent)),
+        "to_compute": sent - sum(errors.values()),
+        "errors": errors,
+        "elapsed_s": elapsed_s,
+        # one request at a time: a batch holds one text, unless another client joined it
+        "padded_per_real": 1.0 if sizes and max(sizes) == 1 else None,
+        "header_batch_size_mean": statistics.mean(sizes) if sizes else None,
+        "header_compute_ms_mean": statistics.mean(compute_ms) if compute_ms else None,
+        "per_text": per_text,
         "loadgen_cpu_s": cpu_s,
         "loadgen_cpu_share": cpu_s / elapsed_s,
     }

@@ -7,7 +7,8 @@ import statistics
 
 def median_of(runs: list[dict]) -> dict:
     """Per key, the median of numbers, the first of anything else; dicts merged key by key,
-    lists of numbers item by item. A key some runs lack is merged over those that have it."""
+    lists of numbers item by item, lists of samples (lists or tuples) pooled. A key some runs
+    lack is merged over those that have it."""
     merged: dict = {}
     keys = dict.fromkeys(key for r in runs for key in r)
     for key in keys:
@@ -15,6 +16,8 @@ def median_of(runs: list[dict]) -> dict:
         first = values[0]
         if _numbers(first) and all(_numbers(v) and len(v) == len(first) for v in values):
             merged[key] = [statistics.median(items) for items in zip(*values, strict=True)]
+        elif all(_samples(v) for v in values):
+            merged[key] = [list(sample) for v in values for sample in v]
         elif isinstance(first, bool) or not isinstance(first, int | float | dict):
             merged[key] = first
         elif isinstance(first, dict):
@@ -33,4 +36,10 @@ def _numbers(value: object) -> bool:
         isinstance(value, list)
         and bool(value)
         and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
+def _samples(value: object) -> bool:
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(v, list | tuple) for v in value)
     )

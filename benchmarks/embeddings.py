@@ -67,6 +67,7 @@ from benchmarks import embed_offline as offline  # noqa: E402
 from benchmarks import embed_report as report  # noqa: E402
 from benchmarks.embed_load import (  # noqa: E402
     closed_loop,
+    one_client,
     open_loop,
     server_counters,
     wait_idle,
@@ -218,9 +219,10 @@ def measure(
             server.port, workload, rate, cfg.duration_s, cfg.loadgen_procs, cfg.open_connections
         )
         figures["offered_rate_per_s"] = rate
+    elif clients == 1:
+        figures = one_client(server.port, workload, cfg.c1_duration_s)
     else:
-        duration = cfg.c1_duration_s if clients == 1 else cfg.duration_s
-        figures = closed_loop(server.url, script, clients, duration)
+        figures = closed_loop(server.url, script, clients, cfg.duration_s)
     settle(server, before, figures, clients or 0)
     return figures
 

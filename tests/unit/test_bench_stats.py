@@ -36,3 +36,15 @@ def test_an_arm_that_failed_in_one_round_keeps_the_others_figures_and_the_reason
     arm = merged["infinity-512"]
     assert arm["short"]["c1"]["texts_per_s"] == 32.0
     assert arm["unavailable"].startswith("ArmUnavailable")
+
+
+def test_per_request_samples_are_pooled_over_rounds_not_taken_from_the_first() -> None:
+    """The 1-client goal is a median over requests: every round's requests count."""
+    rounds = [
+        {"c1": {"per_text": [[0, 20.0], [1, 30.0]], "p50_ms": 25.0}},
+        {"c1": {"per_text": [[0, 22.0]], "p50_ms": 22.0}},
+        {"c1": {"per_text": [(1, 31.0)], "p50_ms": 31.0}},
+    ]
+    merged = median_of(rounds)
+    assert merged["c1"]["per_text"] == [[0, 20.0], [1, 30.0], [0, 22.0], [1, 31.0]]
+    assert merged["c1"]["p50_ms"] == 25.0
