@@ -88,12 +88,22 @@ def raw_ms(wait_s: float | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """What the worker has measured: its batch cost, arrivals per second per bucket, and how
-    many batches are computing now."""
+    """What the worker has measured: its batch cost (per bucket where fitted, else over all
+    batches), arrivals per second per bucket, and how many batches are computing now.
+
+    Per bucket, because a forward's cost grows faster than its padded tokens (attention is
+    quadratic in length): one line through short and long batches puts the overhead of a
+    short batch at half of what it is, and the policy then splits short batches it should
+    keep whole.
+    """
 
     cost: Cost | None = None
     arrivals_per_s: Mapping[int, float] = field(default_factory=dict)
     computing: int = 0
+    bucket_costs: Mapping[int, Cost] = field(default_factory=dict)
+
+    def cost_for(self, bucket: int) -> Cost | None:
+        return self.bucket_costs.get(bucket, self.cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +208,11 @@ def _auto_wait_until(
     idle one's, so at 1 client every request would wait for an arrival that cannot come.
     """
     rate = load.arrivals_per_s.get(bucket, 0.0)
-    if load.cost is None or rate <= 0 or load.computing == 0:
+    cost = load.cost_for(bucket)
+    if cost is None or rate <= 0 or load.computing == 0:
         return None
     gap_s = 1.0 / rate
-    if gap_s >= load.cost.fixed_s / size:
+    if gap_s >= cost.fixed_s / size:
         return None
     oldest = min(w.arrived_s for w in queue)
     limit_s = oldest + limits.latency_slo_s / 4
@@ -225,7 +236,7 @@ def next_batch(
             continue
         anchor = min(queue, key=lambda w: (not _urgent(w, now_s, limits), w.arrived_s))
         urgent = _urgent(anchor, now_s, limits)
-        members, stopped = _take(queue, anchor, limits, load.cost)
+        members, stopped = _take(queue, anchor, limits, load.cost_for(bucket))
         if len(members) == limits.max_batch_size:
             trigger: str | None = "size"
         elif stopped is not None:

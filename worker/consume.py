@@ -117,8 +117,10 @@ class Consumer:
         self.batches_run = 0
         self._cancelled: set[str] = set()  # entry ids whose clients stopped waiting
         self.crashed = False  # a loop died of a bug: the process must exit non-zero
-        # batch time depends on the threads it ran on: one fit per thread count
+        # batch time depends on the threads it ran on: one fit per thread count, overall and
+        # per bucket (see batching.Load)
         self._costs: dict[int, BatchCost] = {}
+        self._bucket_costs: dict[tuple[int, int], BatchCost] = {}
         self._arrivals = {b: ArrivalRate() for b in settings.buckets}
 
     def hung(self) -> bool:
@@ -143,15 +145,21 @@ class Consumer:
 
     def _load(self) -> Load:
         """Arrival rates, the batch cost at the thread count batches get under load (where
-        the cost model's choices matter), else at any count already fitted, and how many
-        batches compute now."""
+        the cost model's choices matter), else at any count already fitted, overall and per
+        bucket, and how many batches compute now."""
         now = self._clock()
         rates = {b: rate.per_second(now) for b, rate in self._arrivals.items()}
         loaded = self._costs.get(self._parallel.threads_per_stream)
         cost = loaded.estimate() if loaded is not None else None
         if cost is None:
             cost = next((c for c in (f.estimate() for f in self._costs.values()) if c), None)
-        return Load(cost, rates, len(self._computing))
+        threads = self._parallel.threads_per_stream
+        per_bucket = {}
+        for (fit_threads, bucket), fit in self._bucket_costs.items():
+            estimate = fit.estimate() if fit_threads == threads else None
+            if estimate is not None:
+                per_bucket[bucket] = estimate
+        return Load(cost, rates, len(self._computing), per_bucket)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -504,6 +512,8 @@ class Consumer:
         metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
         metrics.compute_seconds.labels(*labels).observe(compute_s)
         self._costs.setdefault(threads, BatchCost()).observe(batch.padded_tokens, compute_s)
+        fit = self._bucket_costs.setdefault((threads, batch.bucket), BatchCost())
+        fit.observe(batch.padded_tokens, compute_s)
         for held in members:
             metrics.queue_wait_seconds.labels(*labels).observe(
                 max(0, start_ms - held.entry.enqueued_ms) / 1000

@@ -200,6 +200,18 @@ def test_with_a_cost_model_a_join_must_not_lower_real_tokens_per_second() -> Non
     assert isinstance(apart, Batch) and apart.keys == (0,) and apart.trigger == "split"
 
 
+def test_a_bucket_with_its_own_fitted_cost_is_batched_by_it_not_by_the_overall_fit() -> None:
+    """Long batches cost more per token, so one line through all of them understates a short
+    batch's overhead: the bucket's own fit decides its batches."""
+    short = [waiting(0, 40, at=0.0), waiting(1, 10, at=0.001)]
+    long = [waiting(2, 400, at=0.0), waiting(3, 300, at=0.001)]
+    overall = Cost(fixed_s=1e-5, per_token_s=1e-3)  # fitted mostly on long batches
+    load = Load(overall, bucket_costs={128: Cost(fixed_s=0.010, per_token_s=1e-5)})
+    assert set(next_batch({128: short}, 1.0, LIMITS, load).keys) == {0, 1}  # type: ignore[union-attr]
+    assert next_batch({512: long}, 1.0, LIMITS, load).keys == (2,)  # type: ignore[union-attr]
+    assert next_batch({128: short}, 1.0, LIMITS, Load(overall)).keys == (0,)  # type: ignore[union-attr]
+
+
 def test_batch_traffic_passed_over_too_long_goes_before_interactive() -> None:
     limits = Limits(max_batch_size=1, max_batch_tokens=1024, max_wait_s=0.01, starvation_s=0.5)
     queues = {
