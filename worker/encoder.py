@@ -47,14 +47,16 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Te
     return torch.nn.functional.normalize(out, p=2, dim=1) if pooling.normalize else out
 
 
-def _batch(lengths: list[int], pad_id: int, device: torch.device):
-    rows = [np.arange(n, dtype=np.int64) % 1000 + 100 for n in lengths]
+def _batch(lengths: list[int], pad_id: int, vocab_size: int, device: torch.device):
+    """Rows of in-vocabulary ids (never the pad id) of these lengths, padded as a batch."""
+    ids = [np.arange(1, n + 1, dtype=np.int64) % vocab_size for n in lengths]
+    rows = [np.where(r == pad_id, (pad_id + 1) % vocab_size, r) for r in ids]
     ids, mask = collate(rows, pad_id)
     return ids.to(device), mask.to(device)
 
 
 def trace_checked(
-    encoder: torch.nn.Module, pad_id: int, max_tokens: int, device: torch.device
+    encoder: torch.nn.Module, pad_id: int, max_tokens: int, vocab_size: int, device: torch.device
 ) -> torch.jit.ScriptModule | None:
     """`encoder` traced, or None (logged) where tracing fails or the trace and eager disagree
     (cosine under TRACE_MIN_COSINE, or another shape) on batches of other sizes and lengths."""
@@ -62,9 +64,10 @@ def trace_checked(
     try:
         with torch.inference_mode(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's shape warnings: the check decides
-            traced = torch.jit.trace(encoder, _batch([8, 5], pad_id, device), check_trace=False)
+            example = _batch([8, 5], pad_id, vocab_size, device)
+            traced = torch.jit.trace(encoder, example, check_trace=False)
             for lengths in ([3], [longest, 7, 1]):
-                ids, mask = _batch(lengths, pad_id, device)
+                ids, mask = _batch(lengths, pad_id, vocab_size, device)
                 want, got = encoder(ids, mask), traced(ids, mask)
                 if got.shape != want.shape:
                     log.warning("TorchScript trace changed the output shape; running eager")

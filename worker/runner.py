@@ -113,7 +113,8 @@ class TorchRunner:
         self._encode = Encoder(model, files.pooling).eval()
         self.traced = False  # whether batches run as a TorchScript trace
         if torchscript:
-            traced = trace_checked(self._encode, self._pad_id, files.max_tokens, self._device)
+            vocab, pad = int(model.config.vocab_size), self._pad_id
+            traced = trace_checked(self._encode, pad, files.max_tokens, vocab, self._device)
             if traced is not None:
                 self._encode, self.traced = traced, True
 
