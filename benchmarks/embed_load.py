@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
-from benchmarks.overload import RawClient
+from benchmarks.overload import RawClient, request_head
 
 PATH = "/v1/embeddings"
 WRK_SCRIPT = """
@@ -161,10 +161,7 @@ def one_client(port: int, workload: Workload, duration_s: float, timeout_ms: int
     """One keep-alive connection walking the workload in order for `duration_s`: the closed
     loop's figures, plus every answered request's text index and latency (`per_text`)."""
     bodies = workload.bodies()
-    head = (
-        f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"X-Microbatch-Timeout-Ms: {timeout_ms}\r\nContent-Length: "
-    ).encode()
+    head = request_head(timeout_ms)
     per_text: list[tuple[int, float]] = []
     compute_ms: list[float] = []
     sizes: list[int] = []

@@ -48,3 +48,18 @@ def test_per_request_samples_are_pooled_over_rounds_not_taken_from_the_first() -
     merged = median_of(rounds)
     assert merged["c1"]["per_text"] == [[0, 20.0], [1, 30.0], [0, 22.0], [1, 31.0]]
     assert merged["c1"]["p50_ms"] == 25.0
+
+
+def test_the_one_client_goal_is_each_texts_latency_minus_that_texts_own_compute() -> None:
+    from benchmarks.embed_report import _p50_over_compute
+
+    results = {
+        "arms": {
+            "offline-single": {"short": {"offline": {"text_compute_ms": [19.0, 30.0, 17.0]}}},
+            # text 1 is slow to compute, not to serve; text 7 has no compute time: left out
+            "serve": {"short": {"c1": {"per_text": [[0, 20.0], [1, 35.0], [2, 18.0], [7, 99.0]]}}},
+        }
+    }
+    figure = _p50_over_compute(results, "serve", "short")
+    assert figure["value"] == 1.0 and figure["met"] is True
+    assert _p50_over_compute(results, "redis", "short")["value"] is None  # arm not run
