@@ -215,10 +215,27 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def compact_json(value: object, indent: int = 2, _depth: int = 0) -> str:
+    """JSON with an object per line and a list of plain values (or of such lists) on one
+    line: the 1-client runs keep every request's (text, latency) pair, thousands per run,
+    which `indent=2` spreads over a line per number."""
+    if isinstance(value, dict) and value:
+        pad = " " * (indent * (_depth + 1))
+        items = [
+            f"{pad}{json.dumps(k)}: {compact_json(v, indent, _depth + 1)}" for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(items) + "\n" + " " * (indent * _depth) + "}"
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        pad = " " * (indent * (_depth + 1))
+        items = [pad + compact_json(v, indent, _depth + 1) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + " " * (indent * _depth) + "]"
+    return json.dumps(value, separators=(",", ":"))
+
+
 def write(results: dict, out_dir: Path, argv: str) -> None:
     """Print the tables; write benchmarks.json, benchmarks.png and benchmarks.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "benchmarks.json").write_text(json.dumps(results, indent=2))
+    (out_dir / "benchmarks.json").write_text(compact_json(results) + "\n")
     plot(results, out_dir / "benchmarks.png")
     (out_dir / "benchmarks.md").write_text(markdown(results, argv))
     print()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+
+from benchmarks.embed_docs import compact_json
 from benchmarks.embed_stats import median_of
 
 
@@ -63,3 +66,20 @@ def test_the_one_client_goal_is_each_texts_latency_minus_that_texts_own_compute(
     figure = _p50_over_compute(results, "serve", "short")
     assert figure["value"] == 1.0 and figure["met"] is True
     assert _p50_over_compute(results, "redis", "short")["value"] is None  # arm not run
+
+
+def test_the_results_file_keeps_sample_lists_on_one_line_and_reads_back_the_same() -> None:
+    c1 = {"per_text": [[0, 12.5], [1, 13.25]], "ok": 2}
+    c32 = {"latencies": [float(i) for i in range(100)]}
+    results = {
+        "arms": {"serve": {"short": {"c1": c1, "c32": c32}}},
+        "runs": [{"round": 1, "seconds": [1.0, 2.0]}, {"round": 2, "seconds": []}],
+        "empty": {},
+        "note": 'a "quoted" text',
+    }
+    text = compact_json(results)
+    assert json.loads(text) == results
+    assert '"per_text": [[0,12.5],[1,13.25]]' in text
+    lone_numbers = [x for x in text.splitlines() if x.strip(" ,[]").replace(".", "").isdigit()]
+    assert lone_numbers == []  # indent=2 would give every number a line of its own
+    assert len(text.splitlines()) < len(json.dumps(results, indent=2).splitlines()) / 4
