@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
 from worker.compute_threads import ComputeThreads
 from worker.parallelism import Parallelism, usable_cores
-from worker.runner import Runner, TorchRunner
+from worker.runner import Runner
 
 Plan = list[list[int]]  # batches of workload indices
 
@@ -46,18 +45,13 @@ def load_runner(backend: str = "torch") -> Loaded:
     """The default model as a worker with `backend` loads it (float32, CPU, on its stream-0
     thread), so the offline arms and the servers compute with the same engine."""
     from common.settings import Settings
+    from worker.main import encoder_runner
     from worker.models import describe
 
     compute = ComputeThreads()
     compute.ensure(worker_parallelism().streams)
     files = describe(MODEL_NAME)
-    if backend == "onnx":
-        from worker.onnx_runner import OnnxRunner
-
-        cache = Path(Settings().onnx_cache_dir).expanduser()
-        make = partial(OnnxRunner, files, cache_dir=cache)
-    else:
-        make = partial(TorchRunner, files, torchscript=Settings().torchscript)
+    make = partial(encoder_runner, Settings(backend=backend), files)
     return Loaded(compute.first.submit(make).result(), compute)
 
 

@@ -351,7 +351,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", type=Path, help="docs/ (quick: .bench/embeddings-quick/)")
     p.add_argument(
         "--backend",
-        choices=["torch", "onnx"],
+        choices=["torch", "onnx", "auto"],
         default="torch",
         help="microbatch's engine, for its servers and the offline arms alike",
     )

@@ -71,8 +71,9 @@ class Settings(BaseSettings):
     # nothing else queued gets them all. A number fixes it for every batch.
     torch_threads: int | None = Field(default=None, gt=0)
     device: str = "cpu"
-    # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir.
-    backend: Literal["torch", "onnx"] = "torch"
+    # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir,
+    # or auto: both loaded, each bucket on the one that ran its shapes faster at load.
+    backend: Literal["torch", "onnx", "auto"] = "torch"
     # torch backend: run the encoder as a TorchScript trace (the whole forward in C++, free
     # of the GIL), checked against eager at load; eager where tracing fails or disagrees.
     torchscript: bool = True

@@ -55,23 +55,59 @@ def load_model(settings: Settings) -> LoadedModel:
             settings.noop_fail_token,
             settings.noop_crash_token,
         )
-    elif settings.backend == "onnx":
-        from pathlib import Path
-
-        from worker.onnx_runner import OnnxRunner
-
-        cache = Path(settings.onnx_cache_dir).expanduser()
-        runner = OnnxRunner(
-            files, cache_dir=cache, threads=settings.torch_threads, int8=settings.quantize == "int8"
-        )
     else:
-        runner = TorchRunner(
-            files,
-            device=settings.device,
-            threads=settings.torch_threads,
-            torchscript=settings.torchscript,
-        )
+        runner = encoder_runner(settings, files)
     return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))
+
+
+def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
+    """The encoder as `settings.backend` runs it: torch, ONNX Runtime, or both (`auto`)."""
+    if settings.backend == "torch":
+        return _torch_runner(settings, files)
+    if settings.backend == "onnx":
+        return _onnx_runner(settings, files)
+    from worker.hybrid_runner import HybridRunner
+    from worker.parallelism import Parallelism, usable_cores
+
+    parallel = Parallelism.choose(
+        usable_cores(), settings.compute_streams, settings.torch_threads, concurrent_ok=True
+    )
+    lone = parallel.cores if parallel.adaptive else parallel.threads_per_stream
+    return HybridRunner.calibrated(
+        {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)},
+        settings.buckets,
+        files.vocab_size,
+        files.max_tokens,
+        lone_threads=lone,
+        batch_threads=parallel.threads_per_stream,
+    )
+
+
+def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
+    return TorchRunner(
+        files,
+        device=settings.device,
+        threads=settings.torch_threads,
+        torchscript=settings.torchscript,
+    )
+
+
+def _onnx_runner(settings: Settings, files: ModelFiles) -> Runner:
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    from worker.onnx_runner import OnnxRunner
+
+    missing = [m for m in ("onnxruntime", "onnx", "onnxscript") if find_spec(m) is None]
+    if missing:
+        raise RuntimeError(
+            f"backend {settings.backend} needs {', '.join(missing)}: "
+            "pip install 'microbatch[onnx]', or run with --backend torch"
+        )
+
+    cache = Path(settings.onnx_cache_dir).expanduser()
+    int8 = settings.quantize == "int8"
+    return OnnxRunner(files, cache_dir=cache, threads=settings.torch_threads, int8=int8)
 
 
 async def register(store: Store, settings: Settings, model: LoadedModel) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from worker.encoder import trace_checked
+from worker.hybrid_runner import HybridRunner
 from worker.models import Pooling, describe
 from worker.onnx_runner import OnnxRunner
 from worker.runner import TorchRunner
@@ -26,6 +27,11 @@ TEXTS = [
 def cosines(a: list[np.ndarray], b: np.ndarray) -> np.ndarray:
     a = np.stack(a)
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("onnx")
 
 
 @pytest.fixture(scope="module")
@@ -106,3 +112,45 @@ def test_int8_quantisation_stays_close_to_the_reference(
     got = cosines(runner.embed(rows), reference_model.encode(TEXTS))
     assert got.min() >= 0.975, f"int8 cosine to the float model as low as {got.min():.4f}"
     print(f"int8 cosine to float: min {got.min():.5f}, mean {got.mean():.5f}")
+
+
+class Recorded:
+    """A real engine that notes each call: which engine computed is what routing decides."""
+
+    def __init__(self, name: str, engine, calls: list[str]) -> None:
+        self.name, self.engine, self.calls, self.dim = name, engine, calls, engine.dim
+
+    def embed(self, rows, threads=None):
+        self.calls.append(self.name)
+        return self.engine.embed(rows, threads=threads)
+
+
+def test_backend_auto_serves_each_bucket_on_its_engine_and_matches_the_reference(
+    reference_model, rows, onnx_cache: Path
+) -> None:
+    files = describe("all-MiniLM-L6-v2")
+    calls: list[str] = []
+    engines = {
+        "torch": Recorded("torch", TorchRunner(files, torchscript=True), calls),
+        "onnx": Recorded("onnx", OnnxRunner(files, cache_dir=onnx_cache), calls),
+    }
+    timed = HybridRunner.calibrated(engines, [16, 128], files.vocab_size, files.max_tokens, 2, 1)
+    assert set(timed.choice) == {16, 128} and set(timed.choice.values()) <= {"torch", "onnx"}
+    # both engines timed on both buckets' shapes: lone and small batch, warm-up plus repeats
+    assert calls.count("torch") == calls.count("onnx") == 2 * 2 * 4
+
+    runner = HybridRunner(engines, [16, 128], {16: "onnx", 128: "torch"})
+    want = reference_model.encode(TEXTS)
+    short = [i for i, r in enumerate(rows) if len(r) <= 16]
+    assert short and len(short) < len(rows)
+    calls.clear()
+    got = runner.embed([rows[i] for i in short])
+    assert calls == ["onnx"]
+    assert cosines(got, want[short]).min() >= 0.9999
+    calls.clear()
+    got = runner.embed(rows, threads=1)  # the longest member decides: torch
+    assert calls == ["torch"]
+    assert cosines(got, want).min() >= 0.9999
+    assert runner.embed([]) == []
+    with pytest.raises(ValueError, match="bucket"):
+        HybridRunner(engines, [16, 128], {16: "onnx"})
