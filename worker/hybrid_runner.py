@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -67,24 +68,31 @@ def calibration_rows(length: int, rows: int, vocab_size: int) -> list[np.ndarray
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What the engines are timed on: the worker's buckets and model, and its threads."""
+
+    buckets: Sequence[int]
+    vocab_size: int
+    max_tokens: int
+    lone_threads: int | None  # a lone batch's (every core, where adaptive)
+    batch_threads: int | None  # one stream's
+
+
 def time_engines(
     engines: Mapping[str, Runner],
-    buckets: Sequence[int],
-    vocab_size: int,
-    max_tokens: int,
-    lone_threads: int | None,
-    batch_threads: int | None,
+    at: Calibration,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[tuple[str, int], tuple[float, float]]:
     """(lone text, small batch) seconds per (engine, bucket): after a warm-up run each, the
     engines take turns, so a moment of load slows both, and each keeps its fastest run."""
     out: dict[tuple[str, int], tuple[float, float]] = {}
-    for bucket in buckets:
-        length = calibration_length(bucket, buckets, max_tokens)
+    for bucket in at.buckets:
+        length = calibration_length(bucket, at.buckets, at.max_tokens)
         best: dict[str, list[float]] = {name: [] for name in engines}
         for rows, threads in (
-            (calibration_rows(length, 1, vocab_size), lone_threads),
-            (calibration_rows(length, CALIBRATION_BATCH, vocab_size), batch_threads),
+            (calibration_rows(length, 1, at.vocab_size), at.lone_threads),
+            (calibration_rows(length, CALIBRATION_BATCH, at.vocab_size), at.batch_threads),
         ):
             for engine in engines.values():
                 engine.embed(rows, threads=threads)  # warm: first shapes allocate
@@ -120,19 +128,9 @@ class HybridRunner:
         self.dim = next(iter(self._engines.values())).dim
 
     @classmethod
-    def calibrated(
-        cls,
-        engines: Mapping[str, Runner],
-        buckets: Sequence[int],
-        vocab_size: int,
-        max_tokens: int,
-        lone_threads: int | None,
-        batch_threads: int | None,
-    ) -> HybridRunner:
+    def calibrated(cls, engines: Mapping[str, Runner], at: Calibration) -> HybridRunner:
         started = time.perf_counter()
-        seconds = time_engines(
-            engines, buckets, vocab_size, max_tokens, lone_threads, batch_threads
-        )
+        seconds = time_engines(engines, at)
         choice = faster_engines(seconds)
         log.info(
             "backend auto, timed in %.1f s: %s",
@@ -147,7 +145,7 @@ class HybridRunner:
                 for b, e in choice.items()
             ),
         )
-        return cls(engines, buckets, choice)
+        return cls(engines, at.buckets, choice)
 
     def engine_for(self, longest: int) -> str:
         bucket = bucket_for(longest, self._buckets) or self._buckets[-1]

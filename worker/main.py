@@ -66,21 +66,21 @@ def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
         return _torch_runner(settings, files)
     if settings.backend == "onnx":
         return _onnx_runner(settings, files)
-    from worker.hybrid_runner import HybridRunner
+    from worker.hybrid_runner import Calibration, HybridRunner
     from worker.parallelism import Parallelism, usable_cores
 
     parallel = Parallelism.choose(
         usable_cores(), settings.compute_streams, settings.torch_threads, concurrent_ok=True
     )
-    lone = parallel.cores if parallel.adaptive else parallel.threads_per_stream
-    return HybridRunner.calibrated(
-        {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)},
+    at = Calibration(
         settings.buckets,
         files.vocab_size,
         files.max_tokens,
-        lone_threads=lone,
+        lone_threads=parallel.cores if parallel.adaptive else parallel.threads_per_stream,
         batch_threads=parallel.threads_per_stream,
     )
+    engines = {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)}
+    return HybridRunner.calibrated(engines, at)
 
 
 def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:

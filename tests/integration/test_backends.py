@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from worker.encoder import trace_checked
-from worker.hybrid_runner import HybridRunner
+from worker.hybrid_runner import Calibration, HybridRunner
 from worker.models import Pooling, describe
 from worker.onnx_runner import OnnxRunner
 from worker.runner import TorchRunner
@@ -134,7 +134,8 @@ def test_backend_auto_serves_each_bucket_on_its_engine_and_matches_the_reference
         "torch": Recorded("torch", TorchRunner(files, torchscript=True), calls),
         "onnx": Recorded("onnx", OnnxRunner(files, cache_dir=onnx_cache), calls),
     }
-    timed = HybridRunner.calibrated(engines, [16, 128], files.vocab_size, files.max_tokens, 2, 1)
+    at = Calibration([16, 128], files.vocab_size, files.max_tokens, lone_threads=2, batch_threads=1)
+    timed = HybridRunner.calibrated(engines, at)
     assert set(timed.choice) == {16, 128} and set(timed.choice.values()) <= {"torch", "onnx"}
     # both engines timed on both buckets' shapes: lone and small batch, warm-up plus repeats
     assert calls.count("torch") == calls.count("onnx") == 2 * 2 * 4

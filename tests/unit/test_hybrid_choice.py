@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from worker.hybrid_runner import (
+    Calibration,
     calibration_length,
     calibration_rows,
     faster_engines,
@@ -52,15 +53,8 @@ def test_an_engine_is_timed_by_its_fastest_repeat_not_a_slow_one_after_a_warm_up
     # per shape: a warm-up each, then three turns; a busy host slowed one run of each
     torch = Clocked([9.0, 0.020, 0.500, 0.021, 9.0, 0.060, 0.061, 0.400], now)
     onnx = Clocked([9.0, 0.300, 0.012, 0.013, 9.0, 0.050, 0.600, 0.051], now)
-    seconds = time_engines(
-        {"torch": torch, "onnx": onnx},
-        [64],
-        30522,
-        512,
-        lone_threads=2,
-        batch_threads=1,
-        clock=lambda: now[0],
-    )
+    at = Calibration([64], 30522, 512, lone_threads=2, batch_threads=1)
+    seconds = time_engines({"torch": torch, "onnx": onnx}, at, clock=lambda: now[0])
     assert seconds[("torch", 64)] == pytest.approx((0.020, 0.060))
     assert seconds[("onnx", 64)] == pytest.approx((0.012, 0.050))
     assert torch.calls[:4] == [(1, 32, 2)] * 4  # a lone text on the lone batch's threads
