@@ -124,6 +124,9 @@ class Settings(BaseSettings):
             raise ValueError("read_block_ms must stay below redis_socket_timeout_s")
         if self.quantize == "int8" and self.backend != "onnx":
             raise ValueError("quantize int8 needs backend onnx")
+        if self.backend != "torch" and self.device != "cpu":
+            # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
+            raise ValueError(f"backend {self.backend} runs on the CPU; use backend torch")
         if self.max_batch_tokens < self.buckets[-1]:
             raise ValueError("max_batch_tokens must hold at least one entry of the largest bucket")
         return self

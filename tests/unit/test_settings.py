@@ -41,6 +41,9 @@ def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.Monkey
         {"max_wait_ms": "soon"},
         {"quantize": "int8"},  # int8 is an onnx-backend option
         {"backend": "tensorrt"},
+        {"backend": "auto", "quantize": "int8"},  # int8 only where onnx serves every batch
+        {"backend": "auto", "device": "cuda"},  # ONNX Runtime runs here on the CPU only
+        {"backend": "onnx", "device": "cuda:0"},
     ],
 )
 def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:
