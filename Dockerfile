@@ -17,7 +17,8 @@ COPY pyproject.toml README.md ./
 COPY common ./common
 COPY gateway ./gateway
 COPY worker ./worker
-RUN pip install .
+# the onnx extra too, so every `backend` (torch, onnx, auto) can start in the image
+RUN pip install ".[onnx]"
 
 RUN useradd --create-home --uid 10001 microbatch
 USER microbatch

@@ -131,3 +131,20 @@ def test_compose_provisions_prometheus_and_grafana_from_checked_in_files() -> No
     assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
     worker_env = services["worker"]["environment"]
     assert jobs["worker"]["dns_sd_configs"][0]["port"] == int(worker_env["MICROBATCH_METRICS_PORT"])
+
+
+def test_the_image_installs_the_extras_every_backend_needs() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    installs = [
+        shlex.split(rest)
+        for instruction, rest in dockerfile()
+        if instruction == "RUN" and rest.startswith("pip install")
+    ]
+    project = [arg for args in installs for arg in args if arg.startswith(".")]
+    assert project, "the image never installs the project"
+    named = {e for arg in project for e in re.findall(r"\[([\w,]+)\]", arg) for e in e.split(",")}
+    assert "onnx" in extras and "onnx" in named  # backend onnx and auto import onnxruntime
