@@ -59,10 +59,7 @@ def worker_parallelism() -> Parallelism:
     """What a worker with default settings chooses on this machine."""
     from common.settings import Settings
 
-    settings = Settings()
-    return Parallelism.choose(
-        usable_cores(), settings.compute_streams, settings.torch_threads, concurrent_ok=True
-    )
+    return Parallelism.from_settings(Settings(), concurrent_ok=True)
 
 
 def _cut(order: Sequence[int], fits: Callable[[list[int]], bool]) -> Plan:

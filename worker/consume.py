@@ -35,7 +35,7 @@ from worker import recovery
 from worker.batching import Batch, Limits, Load, Waiting, next_batch
 from worker.compute_threads import ComputeThreads, free_stream
 from worker.load import ArrivalRate, BatchCost
-from worker.parallelism import Parallelism, usable_cores
+from worker.parallelism import Parallelism
 from worker.reclaim import Reclaimer
 from worker.runner import Runner
 from worker.utilization import Utilization
@@ -85,12 +85,9 @@ class Consumer:
         self._seq = itertools.count()
         self._batches = itertools.count()
         self._changed = asyncio.Event()
-        self._parallel = Parallelism.choose(
-            usable_cores(),
-            settings.compute_streams,
-            settings.torch_threads,
-            # a runner says whether batches may compute side by side on it (torch on a CPU)
-            concurrent_ok=bool(getattr(runner, "concurrent", False)) and settings.device == "cpu",
+        # a runner says whether batches may compute side by side on it (torch on a CPU)
+        self._parallel = Parallelism.from_settings(
+            settings, concurrent_ok=bool(getattr(runner, "concurrent", False))
         )
         self._compute = compute or ComputeThreads()
         self._compute.ensure(self._parallel.streams)
@@ -149,11 +146,11 @@ class Consumer:
         bucket, and how many batches compute now."""
         now = self._clock()
         rates = {b: rate.per_second(now) for b, rate in self._arrivals.items()}
-        loaded = self._costs.get(self._parallel.threads_per_stream)
+        threads = self._parallel.threads_per_stream
+        loaded = self._costs.get(threads)
         cost = loaded.estimate() if loaded is not None else None
         if cost is None:
             cost = next((c for c in (f.estimate() for f in self._costs.values()) if c), None)
-        threads = self._parallel.threads_per_stream
         per_bucket = {}
         for (fit_threads, bucket), fit in self._bucket_costs.items():
             estimate = fit.estimate() if fit_threads == threads else None

@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 import warnings
 
-import numpy as np
 import torch
 
 from worker.collate import collate
 from worker.models import Pooling
+from worker.runner import example_rows
 
 TRACE_MIN_COSINE = 0.9999  # the backends' bar against the reference
 log = logging.getLogger("microbatch.worker")
@@ -49,9 +49,7 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Te
 
 def _batch(lengths: list[int], pad_id: int, vocab_size: int, device: torch.device):
     """Rows of in-vocabulary ids (never the pad id) of these lengths, padded as a batch."""
-    ids = [np.arange(1, n + 1, dtype=np.int64) % vocab_size for n in lengths]
-    rows = [np.where(r == pad_id, (pad_id + 1) % vocab_size, r) for r in ids]
-    ids, mask = collate(rows, pad_id)
+    ids, mask = collate(example_rows(lengths, pad_id, vocab_size), pad_id)
     return ids.to(device), mask.to(device)
 
 

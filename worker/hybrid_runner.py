@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.buckets import bucket_for
-from worker.runner import RowResult, Runner
+from worker.runner import RowResult, Runner, example_rows
 
 log = logging.getLogger("microbatch.worker")
 
@@ -59,15 +59,6 @@ def calibration_length(bucket: int, buckets: Sequence[int], max_tokens: int) -> 
     return max(1, min((shortest + bucket) // 2, max_tokens))
 
 
-def calibration_rows(length: int, rows: int, vocab_size: int) -> list[np.ndarray]:
-    """`rows` rows of `length` ordinary ids (never the pad id 0)."""
-    top = max(2, vocab_size or 30_000)
-    return [
-        ((np.arange(length, dtype=np.int64) * 7919 + 1000 + r) % (top - 1) + 1).astype(np.uint32)
-        for r in range(rows)
-    ]
-
-
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """What the engines are timed on: the worker's buckets and model, and its threads."""
@@ -84,29 +75,34 @@ def time_engines(
     at: Calibration,
     clock: Callable[[], float] = time.perf_counter,
 ) -> dict[tuple[str, int], tuple[float, float]]:
-    """(lone text, small batch) seconds per (engine, bucket): after a warm-up run each, the
-    engines take turns, so a moment of load slows both, and each keeps its fastest run."""
+    """(lone text, small batch) seconds per (engine, bucket)."""
     out: dict[tuple[str, int], tuple[float, float]] = {}
     for bucket in at.buckets:
         length = calibration_length(bucket, at.buckets, at.max_tokens)
-        best: dict[str, list[float]] = {name: [] for name in engines}
-        for rows, threads in (
-            (calibration_rows(length, 1, at.vocab_size), at.lone_threads),
-            (calibration_rows(length, CALIBRATION_BATCH, at.vocab_size), at.batch_threads),
-        ):
-            for engine in engines.values():
-                engine.embed(rows, threads=threads)  # warm: first shapes allocate
-            runs: dict[str, float] = dict.fromkeys(engines, float("inf"))
-            for _ in range(CALIBRATION_REPEATS):
-                for name, engine in engines.items():
-                    started = clock()
-                    engine.embed(rows, threads=threads)
-                    runs[name] = min(runs[name], clock() - started)
-            for name in engines:
-                best[name].append(runs[name])
-        for name, (lone, batch) in best.items():
-            out[(name, bucket)] = (lone, batch)
+        lone = _fastest(engines, example_rows([length], 0, at.vocab_size), at.lone_threads, clock)
+        rows = example_rows([length] * CALIBRATION_BATCH, 0, at.vocab_size)
+        batch = _fastest(engines, rows, at.batch_threads, clock)
+        out.update({(name, bucket): (lone[name], batch[name]) for name in engines})
     return out
+
+
+def _fastest(
+    engines: Mapping[str, Runner],
+    rows: list[np.ndarray],
+    threads: int | None,
+    clock: Callable[[], float],
+) -> dict[str, float]:
+    """Each engine's fastest run on `rows`: after a warm-up run each, the engines take turns,
+    so a moment of load slows both."""
+    for engine in engines.values():
+        engine.embed(rows, threads=threads)  # warm: first shapes allocate
+    best = dict.fromkeys(engines, float("inf"))
+    for _ in range(CALIBRATION_REPEATS):
+        for name, engine in engines.items():
+            started = clock()
+            engine.embed(rows, threads=threads)
+            best[name] = min(best[name], clock() - started)
+    return best
 
 
 class HybridRunner:

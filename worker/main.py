@@ -67,16 +67,14 @@ def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
     if settings.backend == "onnx":
         return _onnx_runner(settings, files)
     from worker.hybrid_runner import Calibration, HybridRunner
-    from worker.parallelism import Parallelism, usable_cores
+    from worker.parallelism import Parallelism
 
-    parallel = Parallelism.choose(
-        usable_cores(), settings.compute_streams, settings.torch_threads, concurrent_ok=True
-    )
+    parallel = Parallelism.from_settings(settings, concurrent_ok=HybridRunner.concurrent)
     at = Calibration(
         settings.buckets,
         files.vocab_size,
         files.max_tokens,
-        lone_threads=parallel.cores if parallel.adaptive else parallel.threads_per_stream,
+        lone_threads=parallel.threads_for([], more_held=False),
         batch_threads=parallel.threads_per_stream,
     )
     engines = {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)}

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from common.settings import Settings
 
 
 def usable_cores() -> int:
@@ -57,6 +60,16 @@ class Parallelism:
         if threads is not None:
             return cls(cores, count, threads, adaptive=False)
         return cls(cores, count, max(1, cores // count), adaptive=count > 1)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, concurrent_ok: bool) -> Parallelism:
+        """What a worker with these settings chooses on the cores this process may use."""
+        return cls.choose(
+            usable_cores(),
+            settings.compute_streams,
+            settings.torch_threads,
+            concurrent_ok=concurrent_ok and settings.device == "cpu",
+        )
 
     def threads_for(self, running: list[int], more_held: bool) -> int | None:
         """Threads for the batch about to start, given the threads of those running, or None

@@ -29,6 +29,13 @@ class Runner(Protocol):
         ...
 
 
+def example_rows(lengths: Sequence[int], pad_id: int, vocab_size: int) -> list[np.ndarray]:
+    """Rows of these lengths of in-vocabulary ids, never the pad id: inputs to check or time a
+    model on when no real text is at hand."""
+    ids = [np.arange(1, n + 1, dtype=np.int64) % vocab_size for n in lengths]
+    return [np.where(r == pad_id, (pad_id + 1) % vocab_size, r) for r in ids]
+
+
 def isolate_failures(
     run: Callable[[Sequence[np.ndarray]], list[np.ndarray]], rows: Sequence[np.ndarray]
 ) -> list[RowResult]:

@@ -8,10 +8,10 @@ import pytest
 from worker.hybrid_runner import (
     Calibration,
     calibration_length,
-    calibration_rows,
     faster_engines,
     time_engines,
 )
+from worker.runner import example_rows
 
 
 def test_each_bucket_goes_to_the_engine_that_clearly_wins_it_else_to_torch() -> None:
@@ -30,10 +30,10 @@ def test_calibration_shapes_sit_mid_bucket_within_the_model_and_hold_no_padding(
     buckets = [128, 256, 512]
     assert [calibration_length(b, buckets, 512) for b in buckets] == [64, 192, 384]
     assert calibration_length(512, buckets, 300) == 300  # the model's own limit
-    rows = calibration_rows(384, 4, vocab_size=30522)
+    rows = example_rows([384] * 4, pad_id=0, vocab_size=30522)
     assert len(rows) == 4 and all(len(r) == 384 for r in rows)
     assert all(r.min() >= 1 and r.max() < 30522 for r in rows)
-    assert calibration_rows(128, 1, vocab_size=50)[0].max() < 50
+    assert example_rows([128], pad_id=0, vocab_size=50)[0].max() < 50
 
 
 class Clocked:
