@@ -190,7 +190,7 @@ def one_client(port: int, workload: Workload, duration_s: float, timeout_ms: int
             if status != 200:
                 errors[str(status)] = errors.get(str(status), 0) + 1
                 continue
-            per_text.append((index, round(latency_ms, 3)))  # to the µs; the noise is ms
+            per_text.append((index, latency_ms))
             size, compute = (
                 _header(answer, b"x-microbatch-batch-size"),
                 _header(answer, b"x-microbatch-compute-ms"),

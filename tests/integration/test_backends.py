@@ -155,3 +155,28 @@ def test_backend_auto_serves_each_bucket_on_its_engine_and_matches_the_reference
     assert runner.embed([]) == []
     with pytest.raises(ValueError, match="bucket"):
         HybridRunner(engines, [16, 128], {16: "onnx"})
+
+
+def test_the_worker_builds_backend_auto_from_its_settings(onnx_cache: Path) -> None:
+    from common.settings import Settings
+    from worker.main import encoder_runner
+
+    settings = Settings(backend="auto", buckets=[16, 128], onnx_cache_dir=str(onnx_cache))
+    runner = encoder_runner(settings, describe("all-MiniLM-L6-v2"))
+    assert isinstance(runner, HybridRunner)
+    assert set(runner.choice) == {16, 128}  # every bucket the worker batches by has an engine
+
+
+def test_an_onnx_backend_without_onnx_runtime_says_what_to_install(monkeypatch) -> None:
+    import importlib.util
+
+    from common.settings import Settings
+    from worker.main import encoder_runner
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name)
+    )
+    for backend in ("onnx", "auto"):
+        with pytest.raises(RuntimeError, match=r"onnxruntime: pip install 'microbatch\[onnx\]'"):
+            encoder_runner(Settings(backend=backend), describe("all-MiniLM-L6-v2"))
