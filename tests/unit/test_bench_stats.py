@@ -83,3 +83,27 @@ def test_the_results_file_keeps_sample_lists_on_one_line_and_reads_back_the_same
     lone_numbers = [x for x in text.splitlines() if x.strip(" ,[]").replace(".", "").isdigit()]
     assert lone_numbers == []  # indent=2 would give every number a line of its own
     assert len(text.splitlines()) < len(json.dumps(results, indent=2).splitlines()) / 4
+
+
+def test_the_idle_penalty_is_each_settings_median_over_the_back_to_back_median() -> None:
+    from benchmarks.idle_penalty import summarize
+
+    rows = summarize(
+        {
+            ("sleep", 0.0): [6.0, 5.0, 7.0],  # back to back: the reference, median 6
+            ("sleep", 2.0): [9.0, 8.0, 100.0],  # a slow outlier does not move a median
+            ("spin", 2.0): [6.0, 6.6, 7.2],
+        }
+    )
+    assert [(r.mode, r.gap_ms) for r in rows] == [("sleep", 0.0), ("sleep", 2.0), ("spin", 2.0)]
+    assert [r.median_ms for r in rows] == [6.0, 9.0, 6.6]
+    assert [round(r.vs_back_to_back, 3) for r in rows] == [1.0, 1.5, 1.1]
+
+
+def test_lone_texts_are_timed_one_by_one_after_their_gap() -> None:
+    from benchmarks.idle_penalty import time_lone_texts
+
+    calls: list[list[str]] = []
+    times = time_lone_texts(calls.append, ["a", "b", "c"], 0.001, "spin")
+    assert calls == [["a"], ["b"], ["c"]]  # each text alone, in order
+    assert len(times) == 3 and all(t >= 0 for t in times)
