@@ -220,16 +220,20 @@ def compact_json(value: object, indent: int = 2, _depth: int = 0) -> str:
     line: the 1-client runs keep every request's (text, latency) pair, thousands per run,
     which `indent=2` spreads over a line per number."""
     if isinstance(value, dict) and value:
-        pad = " " * (indent * (_depth + 1))
         items = [
-            f"{pad}{json.dumps(k)}: {compact_json(v, indent, _depth + 1)}" for k, v in value.items()
+            f"{json.dumps(k)}: {compact_json(v, indent, _depth + 1)}" for k, v in value.items()
         ]
-        return "{\n" + ",\n".join(items) + "\n" + " " * (indent * _depth) + "}"
+        return _block("{", items, "}", indent, _depth)
     if isinstance(value, list) and any(isinstance(v, dict) for v in value):
-        pad = " " * (indent * (_depth + 1))
-        items = [pad + compact_json(v, indent, _depth + 1) for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + " " * (indent * _depth) + "]"
+        items = [compact_json(v, indent, _depth + 1) for v in value]
+        return _block("[", items, "]", indent, _depth)
     return json.dumps(value, separators=(",", ":"))
+
+
+def _block(opening: str, items: list[str], closing: str, indent: int, depth: int) -> str:
+    pad = " " * (indent * (depth + 1))
+    body = ",\n".join(pad + item for item in items)
+    return f"{opening}\n{body}\n{' ' * (indent * depth)}{closing}"
 
 
 def write(results: dict, out_dir: Path, argv: str) -> None:

@@ -40,13 +40,12 @@ class Row:
 
 
 def summarize(times_ms: dict[tuple[str, float], list[float]]) -> list[Row]:
-    """Median compute per (mode, gap) and its ratio to the back-to-back median (gap 0, which
-    is the same whatever the mode: the first mode's is the reference)."""
-    reference = statistics.median(next(times for (_, gap), times in times_ms.items() if gap == 0.0))
+    """Median compute per (mode, gap) and its ratio to back to back (asleep, gap 0: with no
+    gap the mode means nothing, so only that one is measured)."""
+    reference = statistics.median(times_ms[(MODES[0], 0.0)])
     rows = [
         Row(mode, gap, statistics.median(times), statistics.median(times) / reference)
         for (mode, gap), times in times_ms.items()
-        if gap > 0.0 or mode == MODES[0]
     ]
     return sorted(rows, key=lambda r: (r.gap_ms, r.mode))
 

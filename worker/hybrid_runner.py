@@ -105,6 +105,23 @@ def _fastest(
     return best
 
 
+def describe_choice(
+    seconds: Mapping[tuple[str, int], tuple[float, float]],
+    choice: Mapping[int, str],
+    engines: Sequence[str],
+) -> str:
+    """The choice per bucket with every engine's (lone, batch) times, for the log."""
+
+    def times(name: str, bucket: int) -> str:
+        lone, batch = seconds[(name, bucket)]
+        return f"{name} {lone * 1000:.1f}/{batch * 1000:.1f}"
+
+    return ", ".join(
+        f"bucket {b}: {e} (lone/batch ms: {', '.join(times(n, b) for n in engines)})"
+        for b, e in choice.items()
+    )
+
+
 class HybridRunner:
     """Routes each batch to its bucket's engine; both engines stay loaded (twice the memory
     of either: about 90 MB of weights each for MiniLM, plus one ONNX session per thread
@@ -131,15 +148,7 @@ class HybridRunner:
         log.info(
             "backend auto, timed in %.1f s: %s",
             time.perf_counter() - started,
-            ", ".join(
-                f"bucket {b}: {e} (lone/batch ms: "
-                + ", ".join(
-                    f"{name} {seconds[(name, b)][0] * 1000:.1f}/{seconds[(name, b)][1] * 1000:.1f}"
-                    for name in engines
-                )
-                + ")"
-                for b, e in choice.items()
-            ),
+            describe_choice(seconds, choice, list(engines)),
         )
         return cls(engines, at.buckets, choice)
 
