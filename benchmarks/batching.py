@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import loadgen
+from common.cli import loadgen
 
 ROOT = Path(__file__).resolve().parent.parent
 

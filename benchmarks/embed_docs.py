@@ -236,12 +236,23 @@ def _block(opening: str, items: list[str], closing: str, indent: int, depth: int
     return f"{opening}\n{body}\n{' ' * (indent * depth)}{closing}"
 
 
+KEPT_MARK = "<!-- Below: measured figures of other runs, kept by hand across regenerations -->"
+
+
+def kept_by_hand(report: Path) -> str:
+    """The hand-kept part of an existing report (from KEPT_MARK on), so a rerun keeps it."""
+    text = report.read_text() if report.exists() else ""
+    at = text.find(KEPT_MARK)
+    return "" if at < 0 else "\n" + text[at:]
+
+
 def write(results: dict, out_dir: Path, argv: str) -> None:
     """Print the tables; write benchmarks.json, benchmarks.png and benchmarks.md."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "benchmarks.json").write_text(compact_json(results) + "\n")
     plot(results, out_dir / "benchmarks.png")
-    (out_dir / "benchmarks.md").write_text(markdown(results, argv))
+    report = out_dir / "benchmarks.md"
+    report.write_text(markdown(results, argv) + kept_by_hand(report))
     print()
     for row in _ratio_rows(results):
         print(f"{row[0]:<58} {row[1]:>8}  {row[2]:<16} {row[3]}")

@@ -1,6 +1,6 @@
 """The embedding benchmark's workload: fixed-seed texts whose token counts are checked, not assumed.
 
-The texts come from `common.loadgen.workload` (the generator `microbatch bench` uses), so every
+The texts come from `common.cli.loadgen.workload` (the generator `microbatch bench` uses), so every
 tool in the repository loads the same mixes. Each text is then tokenized with the served
 model's own tokenizer, special tokens included and no truncation, and a count outside the mix's
 ranges stops the run: a benchmark of 512-position inputs must really send them.
@@ -15,14 +15,14 @@ import numpy as np
 import orjson
 from tokenizers import Tokenizer
 
-from common import loadgen
+from common.cli import loadgen
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    mix: str  # a key of common.loadgen.MIXES
+    mix: str  # a key of common.cli.loadgen.MIXES
     texts: list[str]  # in arrival order (random, fixed seed)
     token_ids: list[np.ndarray]  # per text, with [CLS] and [SEP], as the gateway sends them
 

@@ -58,7 +58,7 @@ def summary(name: str, tokens: int, span_s: float, ttft: list[float]) -> dict:
 def model_path(shape: str) -> Path:
     path = ROOT / ".bench" / f"gen-{shape}"
     if not (path / "config.json").is_file():
-        from worker.tiny_model import TinyShape, write_tiny_model
+        from worker.generate.tiny_model import TinyShape, write_tiny_model
 
         write_tiny_model(path, TinyShape(*SHAPES[shape]))
     return path

@@ -40,7 +40,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.batching import env_with, free_port, microbatch, started, wait_ready
-from common import loadgen
+from common.cli import loadgen
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def request_head(timeout_ms: int) -> bytes:
 class RawClient:
     """Keep-alive HTTP/1.1 over plain asyncio streams: a few microseconds of CPU a request.
 
-    common.loadgen's httpx client costs about a millisecond of CPU per request, so on two
+    common.cli.loadgen's httpx client costs about a millisecond of CPU per request, so on two
     cores shared with the gateway it, not the gateway, would set the offered rate. One
     request at a time per connection, at most `connections` of them (the client's bound),
     opened as needed and reused oldest-idle first so none sits out the server's keep-alive.

@@ -221,7 +221,8 @@ def encode(message: Message) -> bytes:
     body = {"t": message.TAG}
     for field in dataclasses.fields(message):
         body[field.name] = getattr(message, field.name)
-    return msgpack.packb(body, use_bin_type=True)
+    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    return packed
 
 
 def decode(data: bytes) -> Message:

@@ -105,9 +105,10 @@ class Settings(BaseSettings):
     @field_validator("max_wait_ms", "compute_streams")
     @classmethod
     def _auto_or_at_least(cls, value: float | str, info: ValidationInfo) -> float | str:
-        least = {"max_wait_ms": 0, "compute_streams": 1}[info.field_name]
-        if value != "auto" and value < least:
-            raise ValueError(f"{info.field_name} must be >= {least} or 'auto'")
+        name = str(info.field_name)
+        least = {"max_wait_ms": 0, "compute_streams": 1}[name]
+        if not isinstance(value, str) and value < least:
+            raise ValueError(f"{name} must be >= {least} or 'auto'")
         return value
 
     @field_validator("buckets")

@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.errors import MicrobatchError
+from common.errors import InternalError, MicrobatchError
 from gateway.limits import BodyLimitMiddleware, BodyTooLarge
 
 log = logging.getLogger("microbatch.gateway")
@@ -42,7 +42,7 @@ class _HandlerApp:
             raise  # the body limit around us answers it
         except Exception:
             log.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            response = self.on_error(MicrobatchError(INTERNAL_ERROR))
+            response = self.on_error(InternalError(INTERNAL_ERROR))
         await response(scope, receive, send)
 
 

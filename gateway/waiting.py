@@ -16,16 +16,11 @@ from redis.exceptions import RedisError
 from starlette.requests import Request
 
 from common import streams
-from common.errors import DeadlineExceeded, MicrobatchError
+from common.errors import ClientGone, DeadlineExceeded
 from common.store import Store
+from common.tasks import spawn_supervised
 
 log = logging.getLogger("microbatch.gateway")
-
-
-class ClientGone(MicrobatchError):
-    """The client closed the connection before its answer was ready (nginx's 499)."""
-
-    status, type, code = 499, "client_closed_request", "client_closed_request"
 
 
 async def _disconnected(request: Request) -> None:
@@ -38,7 +33,7 @@ async def await_replies(request: Request, futures: Sequence[asyncio.Future], tim
     client disconnects first."""
     single = len(futures) == 1  # the common case needs no gather
     gathered = futures[0] if single else asyncio.gather(*futures)
-    watcher = asyncio.create_task(_disconnected(request))
+    watcher = spawn_supervised("disconnect-watch", _disconnected(request), _nothing)
     try:
         done, _ = await asyncio.wait(
             {gathered, watcher}, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
@@ -54,6 +49,12 @@ async def await_replies(request: Request, futures: Sequence[asyncio.Future], tim
     raise DeadlineExceeded(f"no answer within {timeout_ms} ms")
 
 
+def _nothing(exc: BaseException | None) -> None:
+    """Nothing waits on these tasks: a watcher that fails counts as a disconnect where it
+    is awaited; a cancellation that fails is logged, and workers drop the entries at their
+    deadline anyway."""
+
+
 def _retrieve(future: asyncio.Future) -> None:
     if not future.cancelled():
         future.exception()
@@ -65,14 +66,11 @@ class Canceller:
     def __init__(self, store: Store, keys: streams.Keys) -> None:
         self._store = store
         self._keys = keys
-        self._tasks: set[asyncio.Task] = set()
 
     def cancel(self, model: str, ids: Sequence[str], until_ms: int) -> None:
         if not ids:
             return
-        task = asyncio.create_task(self._send(model, list(ids), until_ms))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn_supervised("cancel", self._send(model, list(ids), until_ms), _nothing)
 
     async def _send(self, model: str, ids: list[str], until_ms: int) -> None:
         try:

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.encoder import trace_checked
-from worker.hybrid_runner import Calibration, HybridRunner
+from worker.embed.runners.encoder import trace_checked
+from worker.embed.runners.hybrid_runner import Calibration, HybridRunner
+from worker.embed.runners.onnx_runner import OnnxRunner
+from worker.embed.runners.torch_runner import TorchRunner
 from worker.models import Pooling, describe
-from worker.onnx_runner import OnnxRunner
-from worker.runner import TorchRunner
 
 pytestmark = pytest.mark.slow
 TEXTS = [
@@ -159,7 +159,7 @@ def test_backend_auto_serves_each_bucket_on_its_engine_and_matches_the_reference
 
 def test_the_worker_builds_backend_auto_from_its_settings(onnx_cache: Path) -> None:
     from common.settings import Settings
-    from worker.main import encoder_runner
+    from worker.loading import encoder_runner
 
     settings = Settings(backend="auto", buckets=[16, 128], onnx_cache_dir=str(onnx_cache))
     runner = encoder_runner(settings, describe("all-MiniLM-L6-v2"))
@@ -171,7 +171,7 @@ def test_an_onnx_backend_without_onnx_runtime_says_what_to_install(monkeypatch) 
     import importlib.util
 
     from common.settings import Settings
-    from worker.main import encoder_runner
+    from worker.loading import encoder_runner
 
     real = importlib.util.find_spec
     monkeypatch.setattr(

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from tests.conftest import Processes, RedisServer, free_port, wait_ready
-from worker.tiny_model import write_tiny_model
+from worker.generate.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
 

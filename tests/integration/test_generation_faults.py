@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import Processes, free_port, wait_ready, wait_workers
 from tests.integration.test_generation import metric
-from worker.tiny_model import TinyShape, write_tiny_model
+from worker.generate.tiny_model import TinyShape, write_tiny_model
 
 pytestmark = pytest.mark.slow
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}

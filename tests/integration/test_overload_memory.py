@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from common import loadgen
+from common.cli import loadgen
 from tests.conftest import Processes, wait_ready
 
 RSS_GROWTH_BOUND_MB = 150.0

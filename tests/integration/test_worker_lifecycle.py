@@ -133,14 +133,17 @@ def test_a_batch_slower_than_claim_idle_is_not_run_twice_by_its_own_worker(
 
 
 def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: str) -> None:
-    """A runner bug (wrong result count) escapes the batch loop: the consumer must stop
-    everything and raise, so the process exits and a supervisor restarts it, rather than
+    """A runner bug (wrong result count) escapes the batch task: the consumer must stop
+    everything and report it, so the process exits and a supervisor restarts it, rather than
     keep reading into entries nobody will ever run."""
     from common import streams
     from common.protocol import RequestEntry, encode, pack_tokens
     from common.settings import Settings
     from common.store import close_store, open_store
-    from worker.consume import Consumer
+    from worker.compute_threads import ComputeThreads
+    from worker.consumer import Consumer
+    from worker.embed.loop import EmbedLoop
+    from worker.intake import Intake
     from worker.recovery import EntryLimits
 
     class Buggy:
@@ -152,14 +155,15 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
     settings = Settings(redis_url=redis_url, model="noop", max_wait_ms=0, read_block_ms=100)
     limits = EntryLimits(model="noop", max_tokens=512, vocab_size=0, max_deliveries=3)
 
-    async def scenario() -> tuple[bool, bool]:
+    async def scenario() -> BaseException | None:
         store = open_store(settings)
-        stop = asyncio.Event()
 
         async def register() -> None:
             return None
 
-        consumer = Consumer(settings, store, Buggy(), limits, "buggy", register)
+        intake = Intake(settings, store, limits, "buggy", register)
+        compute = ComputeThreads()
+        consumer = Consumer(intake, EmbedLoop(settings, intake, Buggy(), compute), compute)
         now = int(time.time() * 1000)
         entry = RequestEntry(
             id="x.0",
@@ -175,15 +179,10 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
         keys = streams.Keys(settings.prefix)
         await streams.add_requests(store, [(keys.request("noop", 128), encode(entry))])
         try:
-            await asyncio.wait_for(consumer.run(stop), 20)
-            failed = consumer.crashed  # the batch's bug, logged; run_worker exits non-zero
-        except TimeoutError:
-            failed = False  # hung: the failure this test exists for
-        except ValueError:  # the bug itself (zip of rows and results), surfaced
-            failed = True
+            await asyncio.wait_for(consumer.run_until_idle(), 20)
         finally:
             await close_store(store)
-        return failed, stop.is_set()
+        return consumer.crashed
 
-    failed, stopped = asyncio.run(scenario())
-    assert failed and stopped
+    crashed = asyncio.run(scenario())
+    assert isinstance(crashed, ValueError)  # the bug itself (zip of rows and results), reported

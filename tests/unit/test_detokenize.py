@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from worker.detokenize import IncrementalDetokenizer, StopMatcher
+from worker.generate.detokenize import IncrementalDetokenizer, StopMatcher
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from worker.generation import EngineLimits, SeqView, kv_usage, plan_step, prefill_groups
+from worker.generate.scheduler import EngineLimits, SeqView, kv_usage, plan_step, prefill_groups
 
 LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000)
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.hybrid_runner import (
+from worker.embed.runners.base import example_rows
+from worker.embed.runners.hybrid_runner import (
     Calibration,
     calibration_length,
     faster_engines,
     time_engines,
 )
-from worker.runner import example_rows
 
 
 def test_each_bucket_goes_to_the_engine_that_clearly_wins_it_else_to_torch() -> None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from worker.load import ArrivalRate, BatchCost
+from worker.embed.cost import ArrivalRate, BatchCost
 
 
 def test_cost_recovers_fixed_overhead_and_per_token_time() -> None:

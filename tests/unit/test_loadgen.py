@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from common.loadgen import MIXES, Sample, padding_from_metrics, summarize, workload
-from common.tune import best_under, grid
+from common.cli.loadgen import MIXES, Sample, padding_from_metrics, summarize, workload
+from common.cli.tune import best_under, grid
 from worker.models import default_model_path
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.collate import collate
+from worker.embed.collate import collate
+from worker.embed.runners.base import RowResult, isolate_failures
 from worker.models import ModelFiles, Pooling
-from worker.runner import RowResult, isolate_failures
 
 log = logging.getLogger("microbatch.worker")
 MAX_BATCH, MAX_LENGTH = 1024, 8192  # the exported graph's dynamic-shape ceilings

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from common.tasks import spawn_supervised
+
 # Each of these is one token for BERT-style vocabularies, so n words + [CLS] + [SEP] = n + 2.
 WORDS = [
     "the",
@@ -151,7 +153,8 @@ async def open_loop(
         while next_at < t0 + duration_s:
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
             if len(tasks) < MAX_IN_FLIGHT:
-                task = asyncio.create_task(_one(client, bodies[i % len(bodies)], t0, headers or {}))
+                one = _one(client, bodies[i % len(bodies)], t0, headers or {})
+                task = spawn_supervised("load-request", one, _gathered_below)
                 task.add_done_callback(record)
                 tasks.add(task)
             i += 1
@@ -159,6 +162,10 @@ async def open_loop(
         if tasks:
             await asyncio.gather(*tasks)
     return samples, time.perf_counter() - t0
+
+
+def _gathered_below(exc: BaseException | None) -> None:
+    """A request task that fails is logged by the supervisor and re-raised by the gather."""
 
 
 def summarize(samples: Sequence[Sample], elapsed_s: float) -> dict:

@@ -1,6 +1,5 @@
-"""Operator commands: `status`, `bench` and `tune` — they watch and load a running system.
-
-Kept apart from the role commands in `cli.py`; `register` adds them to the one typer app.
+"""Operator commands: `status`, `bench`, `tune`, `tiny-model` — they watch and load a running
+system; `register` adds them to the one typer app. Tables are drawn by `render`.
 """
 
 from __future__ import annotations
@@ -13,77 +12,12 @@ from typing import Annotated, Any
 
 import typer
 
-EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+from common.cli.options import EXTRA, settings_from_context
+from common.cli.render import status_table, summary_table
+
 RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL")]
 Url = Annotated[str, typer.Option(help="Gateway base URL")]
 Workload = Annotated[str, typer.Option(help="short | mixed | long | a file with one text per line")]
-
-
-def status_table(models: list) -> Any:
-    from rich.table import Table
-
-    table = Table(title="microbatch queues")
-    for column in ("model", "bucket", "depth", "lag", "pending", "oldest", "dead", "workers"):
-        table.add_column(column, justify="left" if column == "model" else "right")
-    for m in models:
-        workers = (
-            ", ".join(
-                f"{w.name} ({w.last_beat_age_s:.1f}s ago)" + ("" if w.live else " stale")
-                for w in m.workers
-            )
-            or "none"
-        )
-        for i, b in enumerate(m.buckets):
-            oldest = "-" if b.oldest_age_s is None else f"{b.oldest_age_s:.1f}s"
-            lag = str(b.lag) + ("" if b.lag_from_redis else "*")
-            first = i == 0
-            table.add_row(
-                m.model if first else "",
-                str(b.bucket),
-                str(b.depth),
-                lag,
-                str(b.pending),
-                oldest,
-                str(m.dead_letters) if first else "",
-                workers if first else "",
-            )
-    table.caption = "depth = waiting + in progress; * lag derived as depth - pending"
-    return table
-
-
-def summary_table(title: str, summary: dict) -> Any:
-    from rich.table import Table
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    table = Table(title=title)
-    for column in (
-        "requests",
-        "req/s",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        "max ms",
-        "errors",
-        "mean batch",
-        "padding",
-    ):
-        table.add_column(column, justify="right")
-    errors = ", ".join(f"{k}: {v}" for k, v in summary["errors_by_status"].items()) or "none"
-    padding = summary.get("padding_ratio")
-    table.add_row(
-        str(summary["requests"]),
-        f"{summary['requests_per_s']:.1f}",
-        ms(summary["p50_ms"]),
-        ms(summary["p90_ms"]),
-        ms(summary["p99_ms"]),
-        ms(summary["max_ms"]),
-        errors,
-        "-" if summary["mean_batch_size"] is None else f"{summary['mean_batch_size']:.2f}",
-        "-" if padding is None else f"{padding:.1%}",
-    )
-    return table
 
 
 async def run_load(
@@ -99,7 +33,7 @@ async def run_load(
     """One measured run: closed loop with `clients`, or open loop when `rate` > 0."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from common import loadgen
+    from common.cli import loadgen
 
     before = loadgen.padding_from_metrics(await loadgen.metrics_page(metrics_url))
     with Progress(
@@ -201,7 +135,7 @@ def bench(
     """Load a running gateway with embeddings; print a summary, optionally JSON and a plot."""
     from rich.console import Console
 
-    from common import loadgen, plots
+    from common.cli import loadgen, plots
 
     texts = loadgen.workload(workload, 4096, seed)
     bodies = [{"input": t, **({"model": model} if model else {})} for t in texts]
@@ -219,17 +153,10 @@ def bench(
     mode = f"open loop {rate:g}/s" if rate > 0 else f"closed loop, {clients} clients"
     title = f"{workload} workload, {mode}, {duration:g}s"
     Console(width=140).print(summary_table(title, summary))
-    result = {
-        "url": url,
-        "workload": workload,
-        "mode": "open" if rate > 0 else "closed",
-        "clients": clients,
-        "rate": rate,
-        "duration_s": duration,
-        **summary,
-    }
     if as_json is not None:
-        as_json.write_text(json.dumps(result, indent=2))
+        run = {"url": url, "workload": workload, "clients": clients, "rate": rate}
+        result = {**run, "mode": "open" if rate > 0 else "closed", "duration_s": duration}
+        as_json.write_text(json.dumps({**result, **summary}, indent=2))
     if plot is not None:
         plots.bench_plot(samples, title, plot)
 
@@ -274,17 +201,12 @@ def tune(
         console.print(f"live batching settings for {settings.model}: {values or 'cleared'}")
         return
     rows = asyncio.run(_sweep(settings, url, waits, sizes, workload, rate, duration, console))
-    _report_tune(console, rows, p99_target_ms, plot, as_json)
-    from common.tune import best_under
-
-    best = best_under(rows, p99_target_ms)
+    best = _report_tune(console, rows, p99_target_ms, plot, as_json)
+    keep_best = best is not None and keep
     final = (
-        {}
-        if best is None or not keep
-        else {
-            "max_wait_ms": f"{best['max_wait_ms']:g}",
-            "max_batch_size": str(best["max_batch_size"]),
-        }
+        {"max_wait_ms": f"{best['max_wait_ms']:g}", "max_batch_size": str(best["max_batch_size"])}
+        if keep_best
+        else {}
     )
     asyncio.run(_set_live(settings, final))
 
@@ -305,7 +227,7 @@ def tiny_model(
     The SmolLM2-135M shape: --layers 30 --hidden 576 --heads 9 --kv-heads 3
     --intermediate 1536 --vocab-size 49152 --max-positions 2048.
     """
-    from worker.tiny_model import TinyShape, write_tiny_model
+    from worker.generate.tiny_model import TinyShape, write_tiny_model
 
     shape = TinyShape(layers, hidden, heads, kv_heads, intermediate, vocab_size, max_positions)
     write_tiny_model(path, shape, seed)
@@ -318,12 +240,6 @@ def register(app: typer.Typer) -> None:
     app.command()(bench)
     app.command(context_settings=EXTRA)(tune)
     app.command("tiny-model")(tiny_model)
-
-
-def settings_from_context(ctx: typer.Context, **named: Any) -> Any:
-    from common.cli import settings_from_context as build
-
-    return build(ctx, **named)
 
 
 async def _set_live(settings: Any, values: dict[str, str]) -> None:
@@ -349,8 +265,8 @@ async def _sweep(
     duration: float,
     console: Any,
 ) -> list[dict]:
-    from common import loadgen
-    from common.tune import grid
+    from common.cli import loadgen
+    from common.cli.tune import grid
 
     texts = loadgen.workload(workload, 4096)
     bodies = [{"input": t, "model": settings.model} for t in texts]
@@ -383,40 +299,18 @@ async def _sweep(
 
 def _report_tune(
     console: Any, rows: list[dict], p99_target_ms: float, plot: Path | None, as_json: Path | None
-) -> None:
-    from rich.table import Table
-
-    from common import plots
-    from common.tune import best_under
+) -> dict | None:
+    """Print the sweep, write what was asked for, and return the best row under the target."""
+    from common.cli import plots
+    from common.cli.render import tune_table
+    from common.cli.tune import best_under
 
     best = best_under(rows, p99_target_ms)
-    table = Table(title=f"tune: best throughput with p99 <= {p99_target_ms:g} ms marked *")
-    for column in (
-        "max_wait_ms",
-        "max_batch_size",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        "mean batch",
-        "errors",
-        "",
-    ):
-        table.add_column(column, justify="right")
-    for r in rows:
-        table.add_row(
-            f"{r['max_wait_ms']:g}",
-            str(r["max_batch_size"]),
-            f"{r['requests_per_s']:.1f}",
-            f"{r['p50_ms'] or 0:.1f}",
-            f"{r['p99_ms'] or 0:.1f}",
-            f"{r['mean_batch_size'] or 0:.2f}",
-            str(sum(r["errors_by_status"].values())),
-            "*" if r is best else "",
-        )
-    console.print(table)
+    console.print(tune_table(rows, best, p99_target_ms))
     if as_json is not None:
         as_json.write_text(
             json.dumps({"rows": rows, "best": best, "p99_target_ms": p99_target_ms}, indent=2)
         )
     if plot is not None:
         plots.frontier_plot(rows, best, p99_target_ms, plot)
+    return best

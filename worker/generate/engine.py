@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from worker.generation import prefill_groups
+from worker.generate.scheduler import prefill_groups
 
 
 @dataclass(slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import product
+from typing import Any
 
 
 def grid(waits_ms: Sequence[float], sizes: Sequence[int]) -> list[dict[str, str]]:
@@ -13,7 +14,9 @@ def grid(waits_ms: Sequence[float], sizes: Sequence[int]) -> list[dict[str, str]
     ]
 
 
-def best_under(rows: Sequence[dict], p99_target_ms: float, tie_share: float = 0.02) -> dict | None:
+def best_under(
+    rows: Sequence[dict[str, Any]], p99_target_ms: float, tie_share: float = 0.02
+) -> dict[str, Any] | None:
     """The highest-throughput row whose p99 meets the target and that had no errors.
 
     Throughputs within `tie_share` of the best count as equal (a shared machine is noisy,

@@ -1,61 +1,22 @@
-"""The `microbatch` command and the composition root.
+"""The role commands: `serve` (gateway and worker in one process), `gateway`, `worker`.
 
-The only module that knows both roles, and it imports them inside command bodies, so
-`microbatch gateway --help` never imports torch. Every setting is an option: the named
-options below, or any other setting as `--<name> VALUE` (e.g. `--max-batch-size 32`).
+This is the composition root: the one place that imports both roles, and only inside command
+bodies, so `microbatch gateway --help` never imports torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
-from typing import Annotated, Any
+from typing import Any
 
 import typer
-from pydantic import ValidationError
 
+from common.cli.options import EXTRA, Host, Model, Port, RedisUrl, settings_from_context
 from common.logs import setup_logging
 from common.settings import Settings
-
-app = typer.Typer(
-    name="microbatch",
-    help="Micro-batching inference over Redis Streams.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
-log = logging.getLogger("microbatch")
-
-RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL; omit for embedded")]
-Host = Annotated[str | None, typer.Option(help="Gateway bind address")]
-Port = Annotated[int | None, typer.Option(help="Gateway port")]
-Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
-
-
-def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
-    """Named options, then `--<setting> VALUE` extras, over MICROBATCH_* environment values."""
-    values = {k: v for k, v in named.items() if v is not None}
-    args = list(ctx.args)
-    while args:
-        flag = args.pop(0)
-        if not flag.startswith("--"):
-            raise typer.BadParameter(f"unexpected argument {flag!r}")
-        name, _, value = flag[2:].partition("=")
-        if not value:
-            if not args:
-                raise typer.BadParameter(f"{flag} needs a value")
-            value = args.pop(0)
-        field = name.replace("-", "_")
-        if field not in Settings.model_fields:
-            raise typer.BadParameter(f"unknown setting --{name}")
-        values[field] = value
-    try:
-        return Settings(**values)
-    except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from None
+from common.tasks import spawn_supervised
 
 
 def _run(main: Any) -> None:
@@ -104,7 +65,6 @@ def _uvicorn_server(settings: Settings, fastapi_app: Any) -> Any:
     return Server(config)
 
 
-@app.command(context_settings=EXTRA)
 def serve(
     ctx: typer.Context,
     redis_url: RedisUrl = None,
@@ -126,7 +86,12 @@ def serve(
         server = _uvicorn_server(settings, create_app(settings, store))
         worker_stop = asyncio.Event()
         _stop_on_signals(lambda: setattr(server, "should_exit", True))
-        worker = asyncio.create_task(run_worker(settings, worker_stop, store))
+        # a worker that dies takes the gateway down with it: serving without one only fails
+        worker = spawn_supervised(
+            "worker",
+            run_worker(settings, worker_stop, store),
+            lambda exc: setattr(server, "should_exit", True),
+        )
         try:
             await server.serve()
         finally:
@@ -137,7 +102,6 @@ def serve(
     _run(main())
 
 
-@app.command(context_settings=EXTRA)
 def gateway(
     ctx: typer.Context, redis_url: RedisUrl = None, host: Host = None, port: Port = None
 ) -> None:
@@ -163,7 +127,6 @@ def gateway(
     _run(main())
 
 
-@app.command(context_settings=EXTRA)
 def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) -> None:
     """One worker for --model (needs --redis-url). SIGTERM drains and exits 0."""
     settings = settings_from_context(ctx, redis_url=redis_url, model=model)
@@ -186,10 +149,7 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     _run(main())
 
 
-from common.cli_tools import register  # noqa: E402  (the operator commands)
-
-register(app)
-
-
-if __name__ == "__main__":
-    app()
+def register(app: typer.Typer) -> None:
+    """Add the role commands to the one typer app."""
+    for command in (serve, gateway, worker):
+        app.command(context_settings=EXTRA)(command)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.loadgen import Sample
+from common.cli.loadgen import Sample
 
 
 def _pyplot():

@@ -17,14 +17,20 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from common.errors import InvalidRequest
-from gateway.app import Gateway
 from gateway.catalog import ModelEntry
-from gateway.completions import Format, new_token_limits, serve_generation
+from gateway.routes.answers import Format
+from gateway.routes.generation import new_token_limits, serve_generation
 from gateway.schemas import ChatCompletionRequest
+from gateway.services import Services
 
-CHAT = Format(
-    "/v1/chat/completions", "chatcmpl-", "chat.completion", "chat.completion.chunk", chat=True
-)
+ROUTE = "/v1/chat/completions"
+SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
+    }
+}
+CHAT = Format(ROUTE, "chatcmpl-", "chat.completion", "chat.completion.chunk", chat=True)
 
 
 def _raise(message: str) -> None:
@@ -60,10 +66,10 @@ def render(model: ModelEntry, req: ChatCompletionRequest) -> str:
 
 
 async def _chat_prompt(
-    gw: Gateway, model: ModelEntry, req: ChatCompletionRequest
+    services: Services, model: ModelEntry, req: ChatCompletionRequest
 ) -> tuple[list[np.ndarray], list[int]]:
     text = render(model, req)
-    ids = await gw.tokenize.run(len(text), model.tokenizer.encode_plain, text)
+    ids = await services.tokenize.run(len(text), model.tokenizer.encode_plain, text)
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     return [ids], new_token_limits([ids], req.new_tokens, model.info.max_tokens, param)
 

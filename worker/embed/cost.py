@@ -103,3 +103,38 @@ class ArrivalRate:
             return 0.0
         gap = max(self._mean_gap_s, now_s - self._last_s, 1e-6)
         return 1.0 / gap
+
+
+class Observations:
+    """Everything the loop has measured: batch cost fits per thread count, overall and per
+    bucket (a batch's time depends on the threads it ran on), and arrival rates per bucket."""
+
+    def __init__(self, buckets: tuple[int, ...] | list[int]) -> None:
+        self._costs: dict[int, BatchCost] = {}
+        self._bucket_costs: dict[tuple[int, int], BatchCost] = {}
+        self._arrivals = {b: ArrivalRate() for b in buckets}
+
+    def arrival(self, bucket: int, at_s: float) -> None:
+        self._arrivals[bucket].observe(at_s)
+
+    def batch(self, threads: int, bucket: int, padded_tokens: int, seconds: float) -> None:
+        self._costs.setdefault(threads, BatchCost()).observe(padded_tokens, seconds)
+        fit = self._bucket_costs.setdefault((threads, bucket), BatchCost())
+        fit.observe(padded_tokens, seconds)
+
+    def rates(self, now_s: float) -> dict[int, float]:
+        return {b: rate.per_second(now_s) for b, rate in self._arrivals.items()}
+
+    def cost_at(self, threads: int) -> tuple[Cost | None, dict[int, Cost]]:
+        """The cost at `threads` per batch (where the policy's choices matter), else at any
+        thread count already fitted; and per bucket at `threads`."""
+        loaded = self._costs.get(threads)
+        cost = loaded.estimate() if loaded is not None else None
+        if cost is None:
+            cost = next((c for c in (f.estimate() for f in self._costs.values()) if c), None)
+        per_bucket = {}
+        for (fit_threads, bucket), fit in self._bucket_costs.items():
+            estimate = fit.estimate() if fit_threads == threads else None
+            if estimate is not None:
+                per_bucket[bucket] = estimate
+        return cost, per_bucket

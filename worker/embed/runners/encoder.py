@@ -14,9 +14,9 @@ import warnings
 
 import torch
 
-from worker.collate import collate
+from worker.embed.collate import collate
+from worker.embed.runners.base import example_rows
 from worker.models import Pooling
-from worker.runner import example_rows
 
 TRACE_MIN_COSINE = 0.9999  # the backends' bar against the reference
 log = logging.getLogger("microbatch.worker")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
-from worker.load import Cost
+from worker.embed.cost import Cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,16 +238,17 @@ def next_batch(
         urgent = _urgent(anchor, now_s, limits)
         members, stopped = _take(queue, anchor, limits, load.cost_for(bucket))
         if len(members) == limits.max_batch_size:
-            trigger: str | None = "size"
+            trigger = "size"
         elif stopped is not None:
             trigger = stopped
         elif urgent:
             trigger = "priority"
         else:
-            trigger, until = _wait_trigger(queue, len(members), now_s, limits, load, bucket)
-            if trigger is None:
+            waited, until = _wait_trigger(queue, len(members), now_s, limits, load, bucket)
+            if waited is None:
                 wake = until if wake is None else min(wake, until)
                 continue
+            trigger = waited
         batch = Batch(
             bucket=bucket,
             keys=tuple(w.key for w in sorted(members, key=lambda w: w.arrived_s)),

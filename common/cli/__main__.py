@@ -1,0 +1,5 @@
+"""`python -m common.cli`: the `microbatch` command."""
+
+from common.cli.app import app
+
+app()

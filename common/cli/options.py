@@ -1,0 +1,39 @@
+"""Settings from the command line: named options, then `--<setting> VALUE` for any other."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+
+from common.settings import Settings
+
+EXTRA = {"allow_extra_args": True, "ignore_unknown_options": True}
+RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL; omit for embedded")]
+Host = Annotated[str | None, typer.Option(help="Gateway bind address")]
+Port = Annotated[int | None, typer.Option(help="Gateway port")]
+Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
+
+
+def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
+    """Named options, then `--<setting> VALUE` extras, over MICROBATCH_* environment values."""
+    values = {k: v for k, v in named.items() if v is not None}
+    args = list(ctx.args)
+    while args:
+        flag = args.pop(0)
+        if not flag.startswith("--"):
+            raise typer.BadParameter(f"unexpected argument {flag!r}")
+        name, _, value = flag[2:].partition("=")
+        if not value:
+            if not args:
+                raise typer.BadParameter(f"{flag} needs a value")
+            value = args.pop(0)
+        field = name.replace("-", "_")
+        if field not in Settings.model_fields:
+            raise typer.BadParameter(f"unknown setting --{name}")
+        values[field] = value
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        raise typer.BadParameter(str(exc)) from None

@@ -1,0 +1,145 @@
+"""The shared path of both generation routes: prompts → entries → whole answer or SSE stream.
+
+Each prompt becomes one `GenerateEntry` on its model's bucket stream (by prompt length). A
+whole answer waits for one final chunk per prompt (`submit`); a streamed one is relayed by
+`streaming`; `answers` shapes both, as legacy completions or as chat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response
+
+from common.errors import ContextLengthExceeded, InvalidRequest
+from common.protocol import MAX_STOP_SEQUENCES, GenerateEntry, GenerationChunk, encode, pack_tokens
+from gateway.catalog import ModelEntry
+from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of
+from gateway.routes.answers import Format, Submitted, whole_body
+from gateway.routes.streaming import stream
+from gateway.schemas import GenerationParams
+from gateway.services import Services
+from gateway.submit import Entries, admit_or_refuse, now_ms, submit
+
+MAX_STOP_CHARS = 256
+CAUSAL_LM = "causal-lm"
+# the validated body → token ids per prompt and new tokens per prompt
+Prepare = Callable[[Services, ModelEntry, Any], Awaitable[tuple[list[np.ndarray], list[int]]]]
+
+
+def new_token_limits(
+    prompts: list[np.ndarray], asked: int | None, context: int, param: str = "max_tokens"
+) -> list[int]:
+    """New tokens per prompt: what was asked (checked against the context together with the
+    prompt), or all the context leaves when nothing was asked."""
+    limits = []
+    for i, ids in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if len(ids) == 0:
+            raise InvalidRequest(f"{where} is empty after tokenization", param=where)
+        wanted = context - len(ids) if asked is None else asked
+        if wanted < 1 or len(ids) + wanted > context:
+            raise ContextLengthExceeded(
+                f"{where} has {len(ids)} tokens and {param} is {wanted}: "
+                f"{len(ids) + wanted} exceeds the model's context of {context} tokens",
+                param=param,
+            )
+        limits.append(wanted)
+    return limits
+
+
+def _stops(req: GenerationParams) -> list[str]:
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise InvalidRequest(
+            f"stop has {len(stops)} sequences; at most {MAX_STOP_SEQUENCES}", param="stop"
+        )
+    for s in stops:
+        if not s or len(s) > MAX_STOP_CHARS:
+            raise InvalidRequest(
+                f"each stop sequence needs 1-{MAX_STOP_CHARS} characters", param="stop"
+            )
+    return stops
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """What every entry of one request shares."""
+
+    request_id: str
+    priority: int
+    timeout_ms: int
+
+
+def _entries(
+    services: Services,
+    model: ModelEntry,
+    req: GenerationParams,
+    prompts: list[tuple[np.ndarray, int]],  # (prompt tokens, new tokens)
+    ask: _Ask,
+) -> Submitted:
+    start_ms = now_ms()
+    deadline_ms = start_ms + ask.timeout_ms
+    base = services.next_id()
+    stops = _stops(req)
+    items, ids = [], []
+    for i, (prompt, n_new) in enumerate(prompts):
+        entry = GenerateEntry(
+            id=f"{base}.{i}",
+            request_id=ask.request_id,
+            model=model.info.name,
+            tokens=pack_tokens(prompt),
+            deadline_ms=deadline_ms,
+            priority=ask.priority,
+            reply_to=services.router.stream,
+            enqueued_ms=start_ms,
+            max_tokens=n_new,
+            temperature=float(req.temperature),
+            top_p=float(req.top_p),
+            seed=-1 if req.seed is None else req.seed,
+            stop=stops,
+            stream=req.stream,
+        )
+        items.append((services.request_stream(model.info.name, len(prompt)), encode(entry)))
+        ids.append(entry.id)
+    entries = Entries(model.info.name, items, ids, deadline_ms, ask.timeout_ms)
+    return Submitted(entries, [len(p) for p, _ in prompts])
+
+
+async def serve_generation(
+    request: Request, fmt: Format, schema: type, prepare: Prepare
+) -> Response:
+    """Both generation routes: `prepare` turns the validated body into token ids and new
+    tokens per prompt; everything else is the same."""
+    return await api_call(
+        request, fmt.route, lambda call: _generate(request, call, fmt, schema, prepare)
+    )
+
+
+async def _generate(
+    request: Request, call: Call, fmt: Format, schema: type, prepare: Prepare
+) -> Response:
+    parsed = await parse_call(request, call, schema, CAUSAL_LM, "/v1/embeddings")
+    services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
+    request_id = call.request_id or ""
+    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
+    prompts, new_tokens = await prepare(services, model, req)
+    admit_or_refuse(services, model, len(prompts), timeout_ms)
+    ask = _Ask(request_id, priority_of(request), timeout_ms)
+    sub = _entries(services, model, req, list(zip(prompts, new_tokens, strict=True)), ask)
+    if req.stream:
+        return stream(services, fmt, model.info.name, request_id, req, sub)
+    finals: list[GenerationChunk] = await submit(services, request, sub.entries)  # type: ignore[assignment]
+    return Response(
+        whole_body(fmt, request_id, name, sub, finals, req.return_token_ids),
+        200,
+        {
+            "X-Request-ID": request_id,
+            "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
+        },
+        media_type="application/json",
+    )

@@ -1,0 +1,75 @@
+"""The operational routes: `/v1/models`, `/healthz`, `/readyz` and Prometheus `/metrics`."""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.errors import MicrobatchError
+from gateway.auth import check_api_key
+from gateway.request import error_response
+from gateway.services import Services
+
+
+def _models_body(services: Services) -> dict:
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "microbatch",
+            "kind": entry.info.kind,
+            "dim": entry.info.dim,
+            "max_tokens": entry.info.max_tokens,
+            "workers": entry.live_workers,
+            "queue_depth": entry.depth,
+        }
+        for name, entry in sorted(services.catalog.models.items())
+        if entry.live_workers > 0
+    ]
+    return {"object": "list", "data": data}
+
+
+async def models(request: Request) -> Response:
+    services: Services = request.app.state.services
+    try:
+        check_api_key(request.headers.get("authorization"), services.settings.api_keys)
+    except MicrobatchError as exc:
+        return error_response(exc, None)
+    return Response(orjson.dumps(_models_body(services)), media_type="application/json")
+
+
+async def healthz(request: Request) -> Response:
+    """Alive while every background task is: a dead reply reader fails it, for a restart."""
+    alive = request.app.state.services.alive
+    body = orjson.dumps({"status": "ok" if alive else "failed"})
+    return Response(body, 200 if alive else 503, media_type="application/json")
+
+
+async def readyz(request: Request) -> Response:
+    """Ready when Redis answers and every model has a live worker."""
+    services: Services = request.app.state.services
+    catalog = services.catalog
+    await catalog.refresh()
+    workers = {name: e.live_workers for name, e in catalog.models.items()}
+    ready = services.alive and catalog.redis_ok and bool(workers) and all(workers.values())
+    body = {
+        "ready": ready,
+        "redis": catalog.redis_ok,
+        "reply_reader": services.alive,
+        "models": {n: {"live_workers": w} for n, w in workers.items()},
+    }
+    return Response(orjson.dumps(body), 200 if ready else 503, media_type="application/json")
+
+
+async def prometheus() -> Response:
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+def install(app: FastAPI) -> None:
+    app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/healthz", healthz, methods=["GET"])
+    app.add_api_route("/readyz", readyz, methods=["GET"])
+    app.add_api_route("/metrics", prometheus, methods=["GET"])

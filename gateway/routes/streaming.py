@@ -1,0 +1,187 @@
+"""Streamed generation over SSE: every chunk relayed as a `data:` event, then `data: [DONE]`.
+
+When a worker dies mid-generation a peer starts the prompt over under a new attempt: if
+nothing was streamed yet its chunks are relayed as if nothing happened; otherwise the stream
+ends with an error event rather than repeat text. However the stream ends, what still
+generates is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import orjson
+from fastapi.responses import Response, StreamingResponse
+
+from common.errors import (
+    DeadlineExceeded,
+    MicrobatchError,
+    ServiceUnavailable,
+    WorkerFailed,
+    error_from_reply,
+)
+from common.protocol import ErrorReply, GenerationChunk
+from gateway.routes.answers import Format, Submitted, usage
+from gateway.schemas import GenerationParams
+from gateway.services import Services
+
+
+class _CancellingStream(StreamingResponse):
+    """A streaming response that always runs its clean-up, however the stream ends."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close, headers: dict) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    attempt: str | None = None
+    next_index: int = 0
+    relayed: int = 0  # chunks sent to the client from the current attempt
+    completion_tokens: int = 0
+    finished: bool = False
+
+
+class _Relay:
+    """Turns the chunks of one request's prompts into SSE events, in order, then [DONE]."""
+
+    def __init__(
+        self,
+        services: Services,
+        fmt: Format,
+        name: str,
+        request_id: str,
+        req: GenerationParams,
+        sub: Submitted,
+    ) -> None:
+        self.services, self.fmt, self.name, self.request_id, self.sub = (
+            services,
+            fmt,
+            name,
+            request_id,
+            sub,
+        )
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.states = {entry_id: _ChoiceState() for entry_id in sub.ids}
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.with_ids = req.return_token_ids
+        for entry_id in sub.ids:
+            services.router.expect_stream(entry_id, self.queue)
+
+    def _data(self, choices: list, **extra: object) -> bytes:
+        body = {
+            "id": f"{self.fmt.id_prefix}{self.request_id}",
+            "object": self.fmt.chunk_object,
+            "created": self.sub.created,
+            "model": self.name,
+            "choices": choices,
+            **extra,
+        }
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    @staticmethod
+    def _error(exc: MicrobatchError) -> bytes:
+        return b"data: " + orjson.dumps(exc.body()) + b"\n\n"
+
+    async def events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
+        try:
+            await self.services.enqueuer.add(items)
+        except ServiceUnavailable as exc:
+            yield self._error(exc)
+            yield b"data: [DONE]\n\n"
+            return
+        while not all(s.finished for s in self.states.values()):
+            try:
+                out, failed = self._relay(await self._next())
+            except MicrobatchError as exc:
+                out, failed = self._error(exc), True
+            if out:
+                yield out
+            if failed:
+                break
+        else:
+            if self.include_usage:
+                completion = sum(s.completion_tokens for s in self.states.values())
+                yield self._data([], usage=usage(sum(self.sub.prompt_tokens), completion))
+        yield b"data: [DONE]\n\n"
+
+    async def _next(self) -> GenerationChunk | ErrorReply:
+        remaining_s = self.sub.entries.deadline_ms / 1000 - time.time()
+        try:
+            reply = await asyncio.wait_for(self.queue.get(), max(0.0, remaining_s))
+        except TimeoutError:
+            raise DeadlineExceeded("the deadline passed while generating") from None
+        if isinstance(reply, MicrobatchError):
+            raise reply
+        if isinstance(reply, ErrorReply):
+            raise error_from_reply(reply.status, reply.code, reply.message)
+        return reply
+
+    def _relay(self, chunk: GenerationChunk) -> tuple[bytes, bool]:
+        """The event for one chunk (maybe none) and whether the stream must end in error."""
+        state = self.states[chunk.id]
+        verdict = _follow(state, chunk)
+        if verdict == "skip":
+            return b"", False
+        if verdict == "restarted":
+            return self._error(_restarted(state)), True
+        state.relayed += 1
+        state.completion_tokens = chunk.completion_tokens
+        if chunk.finish_reason:
+            state.finished = True
+            self.services.router.answered(chunk.id)
+        if not chunk.text and not chunk.finish_reason:
+            return b"", False
+        first = state.relayed == 1
+        choice = self.fmt.event_choice(self.sub.ids.index(chunk.id), chunk, self.with_ids, first)
+        return self._data([choice]), False
+
+    def close(self) -> None:
+        """However the stream ended: stop listening, and cancel what still generates."""
+        unfinished = [i for i, s in self.states.items() if not s.finished]
+        self.services.router.forget(self.sub.ids)
+        self.services.canceller.cancel(self.name, unfinished, self.sub.entries.deadline_ms)
+
+
+def stream(
+    services: Services,
+    fmt: Format,
+    name: str,
+    request_id: str,
+    req: GenerationParams,
+    sub: Submitted,
+) -> Response:
+    """Queue the entries and relay their chunks as SSE events, then [DONE]."""
+    relay = _Relay(services, fmt, name, request_id, req, sub)
+    headers = {"X-Request-ID": request_id}
+    return _CancellingStream(relay.events(sub.entries.items), relay.close, headers)
+
+
+def _follow(state: _ChoiceState, chunk: GenerationChunk) -> str:
+    """What a chunk means for its choice: "relay", "skip" (a duplicate of one already
+    relayed) or "restarted" (a new attempt after text of an earlier one was streamed)."""
+    if state.attempt is None or (chunk.attempt != state.attempt and state.relayed == 0):
+        state.attempt, state.next_index = chunk.attempt, 0
+    if chunk.attempt != state.attempt:
+        return "restarted"
+    if chunk.index < state.next_index:
+        return "skip"
+    state.next_index = chunk.index + 1
+    return "relay"
+
+
+def _restarted(state: _ChoiceState) -> WorkerFailed:
+    return WorkerFailed(
+        f"the worker generating this completion failed after {state.relayed} streamed chunks; "
+        "a peer restarted it, so the text above is incomplete and would repeat: retry the request"
+    )

@@ -1,0 +1,66 @@
+"""`Services`: the gateway process's collaborators, built once per app and shared by routes.
+
+The catalog, the reply router, the enqueuer, the canceller, the tokenizer pool and the rate
+limiter live here, on `app.state.services`; the request path reads them, never a global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+
+from common import streams
+from common.buckets import bucket_for
+from common.errors import ServiceUnavailable
+from common.settings import Settings
+from common.store import Store
+from gateway.auth import RateLimiter
+from gateway.catalog import Catalog
+from gateway.enqueue import Enqueuer
+from gateway.replies import ReplyRouter
+from gateway.tokenize import TokenizePool
+from gateway.waiting import Canceller
+
+
+class Services:
+    def __init__(self, settings: Settings, store: Store) -> None:
+        self.settings = settings
+        self.store = store
+        self.id = settings.process_id("gateway")
+        self.keys = streams.Keys(settings.prefix)
+        self.catalog = Catalog(store, settings)
+        self.router = ReplyRouter(
+            store,
+            self.keys.reply(self.id),
+            block_ms=settings.read_block_ms,
+            maxlen=settings.reply_maxlen,
+            ttl_s=max(60, 2 * settings.request_timeout_ms // 1000),
+        )
+        self.enqueuer = Enqueuer(store)
+        self.canceller = Canceller(store, self.keys)
+        self.tokenize = TokenizePool(settings.inline_tokenize_chars)
+        self.limiter = (
+            RateLimiter(settings.rate_limit_per_key, settings.rate_limit_burst)
+            if settings.rate_limit_per_key > 0
+            else None
+        )
+        self.stop = asyncio.Event()
+        self.alive = True  # false once a background task died: /healthz fails, requests 503
+        self._nonce = os.urandom(4).hex()
+        self._counter = itertools.count()
+
+    def next_id(self) -> str:
+        return f"{self._nonce}{next(self._counter):x}"
+
+    def request_stream(self, model: str, n_tokens: int) -> str:
+        """The stream an input of `n_tokens` goes to: its length bucket's (prompts past the
+        largest bucket share it)."""
+        buckets = self.settings.buckets
+        return self.keys.request(model, bucket_for(n_tokens, buckets) or buckets[-1])
+
+    def on_task_death(self, exc: BaseException | None) -> None:
+        """The reply reader or the catalog ended: every waiter fails now, not at its deadline."""
+        if not self.stop.is_set():
+            self.alive = False
+            self.router.fail_all(ServiceUnavailable("gateway reply reader died", retry_after_s=1.0))

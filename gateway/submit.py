@@ -1,0 +1,87 @@
+"""Queue a request's entries and wait for their answers: the one way every route submits work.
+
+Admission first (503 with Retry-After when the queue is too deep to answer in time), then one
+future per entry, the entries written in one round trip, and the wait: answers in order, or
+the first error an entry got. A client that leaves, or a deadline that passes, cancels what
+is still queued so no worker computes answers nobody reads.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from common import metrics
+from common.errors import (
+    ClientGone,
+    DeadlineExceeded,
+    Overloaded,
+    ServiceUnavailable,
+    error_from_reply,
+)
+from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
+from gateway import admission
+from gateway.catalog import ModelEntry
+from gateway.services import Services
+from gateway.waiting import await_replies
+
+Answer = EmbeddingResult | GenerationChunk
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:
+    """Raise Overloaded (503, Retry-After) unless `n_inputs` more entries may be queued;
+    ServiceUnavailable when this gateway can no longer receive answers."""
+    if not services.alive:
+        raise ServiceUnavailable("gateway reply reader died", retry_after_s=1.0)
+    decision = admission.admit(
+        # XLEN is up to a refresh old; this gateway's own waiters are counted live.
+        admission.QueueState(
+            max(model.depth, services.router.waiting),
+            model.live_workers,
+            model.service_rate_per_s,
+        ),
+        n_inputs,
+        services.settings.max_queue_depth,
+        timeout_ms,
+    )
+    if isinstance(decision, admission.Rejected):
+        metrics.rejected_total.labels(decision.reason).inc()
+        raise Overloaded(decision.message, retry_after_s=decision.retry_after_s, code=decision.code)
+
+
+@dataclass(frozen=True, slots=True)
+class Entries:
+    """One request's queue entries, encoded, each with the stream its length bucket names."""
+
+    model: str
+    items: list[tuple[str, bytes]]  # (request stream, encoded entry)
+    ids: list[str]  # entry ids, in order
+    deadline_ms: int
+    timeout_ms: int  # the request's own timeout, for the message when it passes
+
+
+async def submit(services: Services, request: Request, entries: Entries) -> list[Answer]:
+    """Write the entries and return each one's answer, in order."""
+    router = services.router
+    futures = [router.expect(i) for i in entries.ids]
+    try:
+        await services.enqueuer.add(entries.items)
+        replies = await await_replies(request, futures, entries.timeout_ms)
+    except (ClientGone, DeadlineExceeded):
+        services.canceller.cancel(entries.model, entries.ids, entries.deadline_ms)
+        raise
+    finally:
+        router.forget(entries.ids)
+    return [raise_if_error(r) for r in replies]
+
+
+def raise_if_error(reply: Answer | ErrorReply) -> Answer:
+    if isinstance(reply, ErrorReply):
+        raise error_from_reply(reply.status, reply.code, reply.message)
+    return reply

@@ -1,0 +1,134 @@
+"""Worker scenarios driven in-process until idle (burst mode), with an injected runner.
+
+A real redis-server holds the streams; `Consumer.run_until_idle` reads what they hold,
+answers it and returns, so each scenario is deterministic: no sleeps, no timing bets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from common import streams
+from common.protocol import EmbeddingResult, ErrorReply, RequestEntry, decode, encode, pack_tokens
+from common.settings import Settings
+from common.store import close_store, open_store
+from worker.compute_threads import ComputeThreads
+from worker.consumer import Consumer
+from worker.embed.loop import EmbedLoop
+from worker.embed.runners.base import RowResult, isolate_failures
+from worker.intake import Intake
+from worker.recovery import EntryLimits
+
+REPLY = "mb:reply:burst-test"
+POISON = 99
+
+
+class RecordingRunner:
+    """Answers every row with [its length]; a row holding POISON fails; records each batch."""
+
+    dim = 1
+    concurrent = False
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []  # the lengths of each batch's rows
+
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        self.batches.append([len(r) for r in rows])
+        return isolate_failures(self._forward, rows)
+
+    def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
+        if any((r == POISON).any() for r in rows):
+            raise ValueError("poison row")
+        return [np.array([len(r)], dtype=np.float32) for r in rows]
+
+
+def _entry(i: int, tokens: list[int], deadline_in_ms: int = 60_000) -> RequestEntry:
+    now = int(time.time() * 1000)
+    return RequestEntry(
+        id=f"e.{i}",
+        request_id=f"r{i}",
+        model="noop",
+        kind="embed",
+        tokens=pack_tokens(tokens),
+        deadline_ms=now + deadline_in_ms,
+        priority=1,
+        reply_to=REPLY,
+        enqueued_ms=now,
+    )
+
+
+async def _burst(
+    redis_url: str, entries: list[RequestEntry], cancelled: Sequence[str] = ()
+) -> tuple[dict[str, EmbeddingResult | ErrorReply], RecordingRunner, int]:
+    """Queue `entries`, run a worker until idle: its replies by id, its runner, what is left
+    pending in the streams."""
+    settings = Settings(redis_url=redis_url, model="noop", max_wait_ms=0)
+    store = open_store(settings)
+    keys = streams.Keys(settings.prefix)
+    try:
+        items = [
+            (keys.request("noop", 128 if e.n_tokens <= 128 else 512), encode(e)) for e in entries
+        ]
+        await streams.add_requests(store, items)
+        await streams.cancel(store, keys, "noop", list(cancelled), int(time.time() * 1000) + 60_000)
+        limits = EntryLimits(model="noop", max_tokens=512, vocab_size=0, max_deliveries=3)
+
+        async def register() -> None:
+            return None
+
+        intake = Intake(settings, store, limits, "burst", register)
+        runner = RecordingRunner()
+        compute = ComputeThreads()
+        consumer = Consumer(intake, EmbedLoop(settings, intake, runner, compute), compute)
+        await asyncio.wait_for(consumer.run_until_idle(), 60)
+        assert consumer.crashed is None
+        read = await streams.read_replies(store, REPLY, "0-0", count=1000, block_ms=None)
+        replies: dict[str, EmbeddingResult | ErrorReply] = {}
+        for item in read:
+            reply = decode(item.payload or b"")
+            assert reply.id not in replies, f"{reply.id} answered twice"
+            replies[reply.id] = reply
+        left = sum([await store.xlen(stream) for stream in {s for s, _ in items}])
+        return replies, runner, left
+    finally:
+        await close_store(store)
+
+
+def test_every_entry_is_answered_once_in_batches_that_never_mix_buckets(redis_url: str) -> None:
+    short = [_entry(i, [1] * 10) for i in range(5)]
+    long = [_entry(10 + i, [1] * 300) for i in range(3)]
+    replies, runner, left = asyncio.run(_burst(redis_url, short + long))
+    assert sorted(replies) == sorted(e.id for e in short + long)
+    for entry in short + long:
+        reply = replies[entry.id]
+        assert isinstance(reply, EmbeddingResult)
+        assert reply.vector().tolist() == [entry.n_tokens]
+    for lengths in runner.batches:
+        assert all(n <= 128 for n in lengths) or all(n > 128 for n in lengths)
+    assert left == 0  # answered entries are acked and deleted
+
+
+def test_a_failing_input_fails_only_its_own_entry(redis_url: str) -> None:
+    entries = [_entry(i, [1, 2, POISON if i == 2 else 3]) for i in range(4)]
+    replies, _, left = asyncio.run(_burst(redis_url, entries))
+    failed = replies["e.2"]
+    assert isinstance(failed, ErrorReply)
+    assert (failed.status, failed.code) == (500, "inference_failed")
+    assert all(isinstance(replies[f"e.{i}"], EmbeddingResult) for i in (0, 1, 3))
+    assert left == 0
+
+
+def test_cancelled_and_expired_entries_cost_no_compute(redis_url: str) -> None:
+    kept = _entry(0, [7] * 4)
+    cancelled = _entry(1, [8] * 5)
+    expired = _entry(2, [9] * 6, deadline_in_ms=-1)
+    replies, runner, left = asyncio.run(_burst(redis_url, [kept, cancelled, expired], ["e.1"]))
+    assert runner.batches == [[4]]  # only the entry someone still waits for was computed
+    assert "e.1" not in replies  # its client left: nobody to answer
+    late = replies["e.2"]
+    assert isinstance(late, ErrorReply) and late.status == 504
+    assert left == 0

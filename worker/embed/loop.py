@@ -1,0 +1,251 @@
+"""`EmbedLoop`: the embedding worker's schedule — bucket queues → policy → runner → replies.
+
+It alone owns the local bucket queues (filled by the intake while it has room: up to
+`sort_window` entries, so idle peers get the rest of a burst). Each turn it drops cancelled
+entries, asks `batching.next_batch` what to run, and hands each batch to a free compute
+stream (`parallelism`: several at once on a CPU, a lone one on every core); a finished batch's
+replies are built by `replies.embedding_replies` and published by the intake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from common import metrics
+from common.protocol import RequestEntry
+from common.settings import Settings
+from common.tasks import spawn_supervised
+from worker.compute_threads import ComputeThreads, free_stream
+from worker.embed.batching import Batch, Limits, Load, Waiting, next_batch
+from worker.embed.cost import Observations
+from worker.embed.parallelism import Parallelism
+from worker.embed.runners.base import Runner
+from worker.intake import Held, Intake, wall_ms
+from worker.replies import BatchFacts, embedding_replies
+
+log = logging.getLogger("microbatch.worker")
+DRAIN_POLL_S = 0.05
+
+
+class EmbedLoop:
+    def __init__(
+        self,
+        settings: Settings,
+        intake: Intake,
+        runner: Runner,
+        compute: ComputeThreads,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._intake = intake
+        self._runner = runner
+        self._clock = clock
+        self._model = intake.model
+        self._limits = Limits.from_settings(settings)
+        self._queues: dict[int, dict[int, Held]] = {b: {} for b in settings.buckets}
+        self._seq = itertools.count()
+        self._batch_ids = itertools.count()
+        # a runner says whether batches may compute side by side on it (torch on a CPU)
+        self._parallel = Parallelism.from_settings(
+            settings, concurrent_ok=bool(getattr(runner, "concurrent", False))
+        )
+        self._compute = compute
+        self._compute.ensure(self._parallel.streams)
+        # each computing batch: its threads, start, stream
+        self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
+        self._observed = Observations(settings.buckets)
+        self.batches_run = 0
+        intake.feed(self)
+
+    # ---- what the intake asks ---------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.held or self._computing)
+
+    def room(self) -> int:
+        """Enough to sort a window by length, few enough that idle peers get their share."""
+        return max(self._limits.max_batch_size, self._settings.sort_window) - self.held
+
+    def hung(self) -> bool:
+        """A batch running past `max_batch_ms` means the model is stuck, not slow."""
+        starts = [start for _, start, _ in self._computing.values()]
+        return bool(starts) and self._clock() - min(starts) > self._settings.max_batch_ms / 1000
+
+    def hold(self, held: Held) -> None:
+        self._queues[held.bucket][next(self._seq)] = held
+        self._observed.arrival(held.bucket, held.arrived_s)
+
+    def live_limits(self, overrides: dict[str, str]) -> None:
+        base = Limits.from_settings(self._settings)
+        try:
+            limits = base.with_overrides(overrides, self._settings.max_tokens)
+        except ValueError as exc:
+            log.error("ignoring live batching settings: %s", exc)
+            limits = base
+        if limits != self._limits:
+            log.info("batching limits now %s", limits)
+            self._limits = limits
+            self._intake.changed.set()
+
+    # ---- scheduling ------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, reading: Callable[[], bool]) -> None:
+        """Schedule until `stop` and, after it, until everything held is answered."""
+        drain = Limits(self._limits.max_batch_size, self._limits.max_batch_tokens, 0.0)
+        while True:
+            draining = stop.is_set()
+            if self._intake.cancelled:
+                await self._drop_cancelled()
+            timeout = self._start_what_may_run(drain if draining else self._limits)
+            if timeout == 0.0:
+                continue  # a batch started: ask again at once
+            if draining and not reading() and not self.held and not self._computing:
+                return
+            if draining:
+                timeout = DRAIN_POLL_S if timeout is None else min(timeout, DRAIN_POLL_S)
+            await self._intake.wait_changed(timeout)
+
+    def _start_what_may_run(self, limits: Limits) -> float | None:
+        """Start the batch the policy picks, if a stream is free: 0.0 when one started, else
+        how long until the policy wants to be asked again (None: when something changes)."""
+        running = [threads for threads, _, _ in self._computing.values()]
+        if len(running) >= self._parallel.streams:
+            return None
+        decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
+        if isinstance(decision, Batch):
+            more_held = self.held > len(decision.keys)
+            threads = self._parallel.threads_for(running, more_held)
+            busy = {stream for _, _, stream in self._computing.values()}
+            wide = threads is not None and threads > self._parallel.threads_per_stream
+            stream = free_stream(busy, self._parallel.streams, wide)
+            if threads is not None and stream is not None:
+                self._start_batch(decision, threads, stream)
+                return 0.0
+            return None
+        if decision.until_s is None:
+            return None
+        return max(1e-9, decision.until_s - self._clock())
+
+    def _snapshot(self) -> dict[int, list[Waiting]]:
+        return {
+            bucket: [
+                Waiting(key, h.entry.n_tokens, h.arrived_s, h.entry.priority)
+                for key, h in q.items()
+            ]
+            for bucket, q in self._queues.items()
+        }
+
+    def _load(self) -> Load:
+        """Arrival rates, and the batch cost at the thread count batches get under load."""
+        cost, per_bucket = self._observed.cost_at(self._parallel.threads_per_stream)
+        rates = self._observed.rates(self._clock())
+        return Load(cost, rates, len(self._computing), per_bucket)
+
+    async def _drop_cancelled(self) -> None:
+        """Ack held entries nobody waits for, without computing them."""
+        cancelled = self._intake.cancelled
+        dropped = [
+            (bucket, key)
+            for bucket, queue in self._queues.items()
+            for key, held in queue.items()
+            if held.entry.id in cancelled
+        ]
+        if not dropped:
+            return
+        done = [
+            (held.stream, held.entry_id) for held in (self._queues[b].pop(k) for b, k in dropped)
+        ]
+        metrics.cancelled_total.inc(len(done))
+        await self._intake.publish([], done)
+
+    # ---- running a batch -------------------------------------------------------------------
+
+    def _start_batch(self, batch: Batch, threads: int, stream: int) -> None:
+        """Take the batch's entries off the queues now, so the next decision cannot pick
+        them again, and compute it beside any other running batch."""
+        queue = self._queues[batch.bucket]
+        members = [queue.pop(key) for key in batch.keys]
+        self._intake.changed.set()  # room for the reader
+        task = spawn_supervised(
+            "batch", self._run_batch(batch, members, threads, stream), self._batch_ended
+        )
+        self._computing[task] = (threads, self._clock(), stream)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._computing.pop(task, None)
+        self._intake.changed.set()  # a stream is free
+
+    def _batch_ended(self, exc: BaseException | None) -> None:
+        if exc is not None:
+            self._intake.crash(exc)
+
+    async def _run_batch(
+        self, batch: Batch, members: list[Held], threads: int, stream: int
+    ) -> None:
+        start_ms = wall_ms()
+        t0 = time.perf_counter()
+        rows = [h.entry.token_ids() for h in members]
+        results = await asyncio.wrap_future(
+            self._compute.submit(stream, self._runner.embed, rows, threads=threads)
+        )
+        compute_s = time.perf_counter() - t0
+        entries = [h.entry for h in members]
+        self._observe(batch, entries, compute_s, start_ms, threads)
+        facts = BatchFacts(
+            f"{self._intake.name}:{next(self._batch_ids)}",
+            batch.bucket,
+            start_ms,
+            compute_s,
+            self._intake.name,
+        )
+        replies = embedding_replies(entries, results, facts)  # type: ignore[arg-type]
+        self._intake.publish_soon(replies, [(h.stream, h.entry_id) for h in members])
+        self.batches_run += 1
+
+    def _observe(
+        self,
+        batch: Batch,
+        entries: list[RequestEntry],
+        compute_s: float,
+        start_ms: int,
+        threads: int,
+    ) -> None:
+        labels = (self._model, str(batch.bucket))
+        metrics.batch_size.labels(*labels).observe(len(entries))
+        metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
+        metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
+        metrics.compute_seconds.labels(*labels).observe(compute_s)
+        self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
+        waits_ms = [max(0, start_ms - e.enqueued_ms) for e in entries]
+        for wait_ms in waits_ms:
+            metrics.queue_wait_seconds.labels(*labels).observe(wait_ms / 1000)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "batch",
+                extra={
+                    "model": self._model,
+                    "bucket": batch.bucket,
+                    "size": len(entries),
+                    "padded_tokens": batch.padded_tokens,
+                    "real_tokens": batch.real_tokens,
+                    "trigger": batch.trigger,
+                    "max_wait_ms": max(waits_ms),
+                    "compute_ms": round(compute_s * 1000, 2),
+                    "request_ids": sorted({e.request_id for e in entries}),
+                },
+            )
+
+    async def finish(self) -> None:
+        """Wait for every batch still computing."""
+        while self._computing:
+            await asyncio.gather(*list(self._computing), return_exceptions=True)

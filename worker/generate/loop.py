@@ -1,0 +1,207 @@
+"""`GenerationLoop`: a causal-LM worker's schedule, one engine step at a time.
+
+Each turn: drop cancelled and expired sequences, ask `scheduler.plan_step` whom to pause and
+whom to admit, run one engine step on the compute thread, turn the new tokens into text
+(`Sequence.advance`), and publish chunks (streamed requests) or final answers, acking each
+entry with its final answer. Publishing is ordered, so one sequence's chunks reach its
+gateway in order, and overlaps the next step. Reading, leases and dead letters are the
+intake's, exactly as for embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Callable
+
+from common import metrics
+from common.settings import Settings
+from worker.compute_threads import ComputeThreads
+from worker.generate.engine import Admission, GenerationEngine
+from worker.generate.scheduler import EngineLimits, plan_step
+from worker.generate.sequence import Sequence
+from worker.intake import Held, Intake, wall_ms
+from worker.replies import Done, Reply
+
+log = logging.getLogger("microbatch.worker")
+DRAIN_POLL_S = 0.05
+
+
+class GenerationLoop:
+    def __init__(
+        self,
+        settings: Settings,
+        intake: Intake,
+        engine: GenerationEngine,
+        tokenizer: object,  # tokenizers.Tokenizer: decode(ids, skip_special_tokens)
+        compute: ComputeThreads,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings
+        self._intake = intake
+        self._engine = engine
+        self._tokenizer = tokenizer
+        self._executor = compute.first
+        self._clock = clock
+        self._model = intake.model
+        self._limits = EngineLimits.from_settings(settings)
+        self._waiting: dict[int, Sequence] = {}
+        self._running: dict[int, Sequence] = {}
+        self._keys = itertools.count()
+        self._order = itertools.count()
+        self._retire: list[int] = []  # rows to free before the next step
+        self._step_started_s: float | None = None  # set while a step computes
+        self.steps_run = 0
+        self.batches_run = 0
+        intake.feed(self)
+
+    # ---- what the intake asks ---------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        return len(self._waiting) + len(self._running)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.held or self._retire)
+
+    def room(self) -> int:
+        capacity = self._limits.max_running + max(1, self._limits.max_running // 4)
+        return capacity - self.held
+
+    def hung(self) -> bool:
+        started = self._step_started_s
+        return started is not None and (
+            self._clock() - started > self._settings.max_batch_ms / 1000
+        )
+
+    def hold(self, held: Held) -> None:
+        key = next(self._keys)
+        attempt = f"{self._intake.name}:{held.entry_id}:{key}"
+        self._waiting[key] = Sequence.start(held, next(self._order), self._tokenizer, attempt)
+
+    def live_limits(self, overrides: dict[str, str]) -> None:
+        """Live settings tune embedding batches; a generation worker has none to apply."""
+
+    # ---- the step loop ---------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event, reading: Callable[[], bool]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            replies, done = self._drop_unwanted()
+            admitted = self._plan()
+            if replies or done:
+                self._intake.publish_soon(replies, done, ordered=True)
+            if self._running:
+                await self._step(loop, admitted)
+                continue
+            if self._retire:
+                retire, self._retire = self._retire, []
+                await loop.run_in_executor(self._executor, self._engine.retire, retire)
+                continue  # entries may have arrived meanwhile: plan again before waiting
+            if stop.is_set() and not reading() and not self.held:
+                return
+            await self._intake.wait_changed(DRAIN_POLL_S if stop.is_set() else None)
+
+    def _plan(self) -> list[tuple[int, Sequence]]:
+        """Pause and admit as the policy says; the sequences admitted now."""
+        plan = plan_step(
+            [s.view(k) for k, s in self._running.items()],
+            [s.view(k) for k, s in self._waiting.items()],
+            self._limits,
+        )
+        for key in plan.preempt:
+            self._waiting[key] = self._running.pop(key)
+            self._retire.append(key)
+            metrics.preemptions_total.labels(self._model).inc()
+        admitted = [(key, self._waiting.pop(key)) for key in plan.admit]
+        for key, seq in admitted:
+            self._running[key] = seq
+            if seq.queue_ms < 0:
+                seq.queue_ms = max(0.0, wall_ms() - seq.entry.enqueued_ms)
+        return admitted
+
+    async def _step(
+        self, loop: asyncio.AbstractEventLoop, admitted: list[tuple[int, Sequence]]
+    ) -> None:
+        newcomers = [Admission(key, seq.tokens(), seq.sampling) for key, seq in admitted]
+        retire, self._retire = self._retire, []
+
+        def work() -> dict[int, int]:
+            self._engine.retire(retire)
+            return self._engine.step(newcomers)
+
+        self._step_started_s = self._clock()
+        try:
+            new_tokens = await loop.run_in_executor(self._executor, work)
+        finally:
+            self._step_started_s = None
+        self.steps_run += 1
+        self.batches_run += 1
+        metrics.batch_size.labels(self._model, "decode").observe(len(new_tokens))
+        self._after_step(new_tokens)
+
+    def _after_step(self, new_tokens: dict[int, int]) -> None:
+        now_s = time.monotonic()
+        replies: list[Reply] = []
+        done: list[Done] = []
+        for key, token in new_tokens.items():
+            seq = self._running.get(key)
+            if seq is None:
+                continue
+            self._observe_token(seq, now_s)
+            text, finish = seq.advance(token, self._engine.eos_ids, self._engine.context)
+            chunk = seq.chunk(text, finish, self._intake.name)
+            if chunk is not None:
+                replies.append(chunk)
+            if finish:
+                del self._running[key]
+                self._retire.append(key)
+                done.append((seq.held.stream, seq.held.entry_id))
+        metrics.generated_tokens_total.labels(self._model).inc(len(new_tokens))
+        metrics.running_sequences.labels(self._model).set(len(self._running))
+        metrics.kv_cache_usage_ratio.labels(self._model).set(
+            self._engine.cache_positions() / self._limits.kv_tokens
+        )
+        if replies or done:
+            self._intake.publish_soon(replies, done, ordered=True)
+        if done:
+            self._intake.changed.set()  # room for the reader
+
+    def _observe_token(self, seq: Sequence, now_s: float) -> None:
+        if seq.last_token_s is None:
+            ttft_ms = wall_ms() - seq.entry.enqueued_ms
+            metrics.time_to_first_token_seconds.labels(self._model).observe(max(0, ttft_ms) / 1000)
+        else:
+            metrics.inter_token_seconds.labels(self._model).observe(now_s - seq.last_token_s)
+        seq.last_token_s = now_s
+
+    def _drop_unwanted(self) -> tuple[list[Reply], list[Done]]:
+        """Free sequences whose client left (ack only) or whose deadline passed (504)."""
+        now_ms = wall_ms()
+        cancelled = self._intake.cancelled
+        replies: list[Reply] = []
+        done: list[Done] = []
+        for table in (self._waiting, self._running):
+            gone = [
+                k
+                for k, s in table.items()
+                if s.entry.id in cancelled or s.entry.deadline_ms <= now_ms
+            ]
+            for key in gone:
+                seq = table.pop(key)
+                if table is self._running:
+                    self._retire.append(key)
+                done.append((seq.held.stream, seq.held.entry_id))
+                metrics.cancelled_total.inc()
+                if seq.entry.id not in cancelled:
+                    message = f"deadline passed after {len(seq.generated)} generated tokens"
+                    replies.append(self._intake.error(seq.entry, 504, "deadline_exceeded", message))
+        if done:
+            metrics.running_sequences.labels(self._model).set(len(self._running))
+        return replies, done
+
+    async def finish(self) -> None:
+        """Steps run inline in `run`: nothing computes once it has returned."""

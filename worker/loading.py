@@ -1,0 +1,97 @@
+"""`load_model`: the model `settings.model` names, loaded as its kind and backend run it.
+
+An encoder becomes an embedding runner (torch, ONNX Runtime, both with `auto`, or `noop`); a
+causal LM becomes a generation engine. Blocking: reads files and weights, off the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.settings import Settings
+from worker.embed.runners.base import Runner
+from worker.embed.runners.noop import NoopRunner
+from worker.embed.runners.torch_runner import TorchRunner
+from worker.models import NOOP_MODEL, ModelFiles, describe
+
+if TYPE_CHECKING:
+    from worker.generate.engine import GenerationEngine
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    files: ModelFiles
+    runner: Runner | GenerationEngine
+    max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
+    kind: str = "embedding"  # or "causal-lm"
+
+
+def load_model(settings: Settings) -> LoadedModel:
+    """Blocking: reads files and weights. Call it off the event loop."""
+    files = describe(settings.model)
+    if files.causal_lm and settings.model != NOOP_MODEL:
+        from worker.generate.engine import GenerationEngine
+
+        engine = GenerationEngine(
+            files.path, device=settings.device, threads=settings.torch_threads
+        )
+        return LoadedModel(files, engine, engine.context, "causal-lm")
+    if settings.model == NOOP_MODEL:
+        runner: Runner = NoopRunner(
+            settings.noop_dim,
+            settings.noop_compute_ms,
+            settings.noop_fail_token,
+            settings.noop_crash_token,
+        )
+    else:
+        runner = encoder_runner(settings, files)
+    return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))
+
+
+def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
+    """The encoder as `settings.backend` runs it: torch, ONNX Runtime, or both (`auto`)."""
+    if settings.backend == "torch":
+        return _torch_runner(settings, files)
+    if settings.backend == "onnx":
+        return _onnx_runner(settings, files)
+    from worker.embed.parallelism import Parallelism
+    from worker.embed.runners.hybrid_runner import Calibration, HybridRunner
+
+    parallel = Parallelism.from_settings(settings, concurrent_ok=HybridRunner.concurrent)
+    at = Calibration(
+        settings.buckets,
+        files.vocab_size,
+        files.max_tokens,
+        lone_threads=parallel.threads_for([], more_held=False),
+        batch_threads=parallel.threads_per_stream,
+    )
+    engines = {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)}
+    return HybridRunner.calibrated(engines, at)
+
+
+def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
+    return TorchRunner(
+        files,
+        device=settings.device,
+        threads=settings.torch_threads,
+        torchscript=settings.torchscript,
+    )
+
+
+def _onnx_runner(settings: Settings, files: ModelFiles) -> Runner:
+    from importlib.util import find_spec
+    from pathlib import Path
+
+    from worker.embed.runners.onnx_runner import OnnxRunner
+
+    missing = [m for m in ("onnxruntime", "onnx", "onnxscript") if find_spec(m) is None]
+    if missing:
+        raise RuntimeError(
+            f"backend {settings.backend} needs {', '.join(missing)}: "
+            "pip install 'microbatch[onnx]', or run with --backend torch"
+        )
+
+    cache = Path(settings.onnx_cache_dir).expanduser()
+    int8 = settings.quantize == "int8"
+    return OnnxRunner(files, cache_dir=cache, threads=settings.torch_threads, int8=int8)
