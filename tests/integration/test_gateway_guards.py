@@ -111,7 +111,7 @@ def test_the_readme_acl_user_serves_and_cannot_flush_or_configure(
 
     server = RedisServer(free_port(), tmp_path)
     server.start()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "operations.md").read_text()
     acl = re.search(r"^ACL SETUSER microbatch .*$", readme, re.M).group(0)
     admin = redis_client.Redis(port=server.port)
     admin.execute_command(*acl.split())
