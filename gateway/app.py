@@ -71,10 +71,12 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
         await services.catalog.refresh()
         tasks = [
             spawn_supervised(
-                "reply-reader", services.router.run(services.stop), services.on_task_death
+                "reply-reader",
+                services.router.run(services.stop),
+                services.on_death_of("reply reader"),
             ),
             spawn_supervised(
-                "catalog", services.catalog.run(services.stop), services.on_task_death
+                "catalog", services.catalog.run(services.stop), services.on_death_of("catalog")
             ),
         ]
         try:

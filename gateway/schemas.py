@@ -100,3 +100,10 @@ class ChatCompletionRequest(GenerationParams):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens if "max_tokens" in self.model_fields_set else None
+
+
+def openapi_body(schema: type[BaseModel]) -> dict:
+    """A route's OpenAPI request body: its JSON schema, required (the hot routes read the body
+    themselves, so FastAPI learns the schema from here)."""
+    content = {"application/json": {"schema": schema.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}

@@ -15,6 +15,7 @@ from common.buckets import bucket_for
 from common.errors import ServiceUnavailable
 from common.settings import Settings
 from common.store import Store
+from common.tasks import OnDeath
 from gateway.auth import RateLimiter
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
@@ -59,8 +60,14 @@ class Services:
         buckets = self.settings.buckets
         return self.keys.request(model, bucket_for(n_tokens, buckets) or buckets[-1])
 
-    def on_task_death(self, exc: BaseException | None) -> None:
-        """The reply reader or the catalog ended: every waiter fails now, not at its deadline."""
-        if not self.stop.is_set():
-            self.alive = False
-            self.router.fail_all(ServiceUnavailable("gateway reply reader died", retry_after_s=1.0))
+    def on_death_of(self, task: str) -> OnDeath:
+        """What happens when `task` (the reply reader, the catalog) ends before the gateway
+        stops: every waiter fails now, not at its deadline, and /healthz fails for a restart."""
+
+        def died(exc: BaseException | None) -> None:
+            if not self.stop.is_set():
+                self.alive = False
+                error = ServiceUnavailable(f"gateway {task} died", retry_after_s=1.0)
+                self.router.fail_all(error)
+
+        return died

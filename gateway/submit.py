@@ -38,7 +38,7 @@ def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeou
     """Raise Overloaded (503, Retry-After) unless `n_inputs` more entries may be queued;
     ServiceUnavailable when this gateway can no longer receive answers."""
     if not services.alive:
-        raise ServiceUnavailable("gateway reply reader died", retry_after_s=1.0)
+        raise ServiceUnavailable("a gateway background task died; see /healthz", retry_after_s=1.0)
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
         admission.QueueState(

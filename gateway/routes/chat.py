@@ -20,16 +20,11 @@ from common.errors import InvalidRequest
 from gateway.catalog import ModelEntry
 from gateway.routes.answers import Format
 from gateway.routes.generation import new_token_limits, serve_generation
-from gateway.schemas import ChatCompletionRequest
+from gateway.schemas import ChatCompletionRequest, openapi_body
 from gateway.services import Services
 
 ROUTE = "/v1/chat/completions"
-SCHEMA = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": ChatCompletionRequest.model_json_schema()}},
-    }
-}
+SCHEMA = openapi_body(ChatCompletionRequest)
 CHAT = Format(ROUTE, "chatcmpl-", "chat.completion", "chat.completion.chunk", chat=True)
 
 

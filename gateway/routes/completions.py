@@ -15,16 +15,11 @@ from gateway.catalog import ModelEntry
 from gateway.request import token_lists
 from gateway.routes.answers import Format
 from gateway.routes.generation import new_token_limits, serve_generation
-from gateway.schemas import CompletionRequest
+from gateway.schemas import CompletionRequest, openapi_body
 from gateway.services import Services
 
 ROUTE = "/v1/completions"
-SCHEMA = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": CompletionRequest.model_json_schema()}},
-    }
-}
+SCHEMA = openapi_body(CompletionRequest)
 TEXT = Format(ROUTE, "cmpl-", "text_completion", "text_completion", chat=False)
 
 

@@ -15,16 +15,11 @@ from fastapi.responses import Response
 from common.errors import InvalidRequest
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_tokens
 from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of, token_lists
-from gateway.schemas import EmbeddingRequest
+from gateway.schemas import EmbeddingRequest, openapi_body
 from gateway.submit import Entries, admit_or_refuse, now_ms, submit
 
 ROUTE = "/v1/embeddings"
-SCHEMA = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": EmbeddingRequest.model_json_schema()}},
-    }
-}
+SCHEMA = openapi_body(EmbeddingRequest)
 
 
 async def embeddings(request: Request) -> Response:
