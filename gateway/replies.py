@@ -16,6 +16,7 @@ import time
 from redis.exceptions import RedisError
 
 from common import metrics, streams
+from common.backoff import Backoff
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk, ProtocolError, decode
 from common.store import Store
 
@@ -58,7 +59,7 @@ class ReplyRouter:
         return len(self._waiting) + len(self._streams)
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         last_trim = 0.0
         while not stop.is_set():
             try:
@@ -71,11 +72,9 @@ class ReplyRouter:
                     )
                     last_trim = time.monotonic()
                     self._forget_old_answers()
-                backoff = 0.05
+                backoff.reset()
             except RedisError as exc:
-                log.warning("reply read failed (%s); retrying in %.2fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                await backoff.wait(log, "reply read", exc)
                 continue
             for item in read:
                 self._last_id = item.entry_id
