@@ -5,7 +5,8 @@
 `serve`'s composition in one process (gateway, `noop` worker, embedded store, uvicorn on a
 free port), background loops slowed to a crawl; every Python call on every thread is
 profiled while one request goes through over real HTTP. A module counts when a function of
-it ran for every one of `--requests` requests (the intersection), so a background tick that
+it was called (a coroutine counts when it starts, not each time it resumes) for every one
+of `--requests` requests (the intersection), so a background tick that
 lands inside one request's window does not count. Prints the count and the modules in the
 order they first ran.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import socket
 import sys
 import threading
@@ -37,13 +39,31 @@ def _module_of(filename: str) -> str | None:
     return str(Path(filename).relative_to(ROOT).with_suffix("")).replace("/", ".")
 
 
+RESUMABLE = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+
+
 class Recorder:
+    """Modules with a function called (not merely resumed) while `on`.
+
+    The profiler reports a coroutine's every resumption as a call, so a loop that started
+    long before the request (`run_worker` awaiting its consumer) would count whenever it
+    wakes; a coroutine frame counts only at its first start. The frames seen are kept, so
+    their ids cannot be reused within the run.
+    """
+
     def __init__(self) -> None:
         self.order: dict[str, None] = {}
         self.on = False
+        self._started: set[object] = set()
 
     def __call__(self, frame, event, arg):
-        if self.on and event == "call":
+        if event != "call":
+            return
+        if frame.f_code.co_flags & RESUMABLE:
+            if frame in self._started:
+                return  # resumed, not called
+            self._started.add(frame)
+        if self.on:
             module = _module_of(frame.f_code.co_filename)
             if module is not None and module not in self.order:
                 self.order[module] = None
