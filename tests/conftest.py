@@ -196,6 +196,11 @@ def texts(n: int, tag: str = "text") -> list[dict]:
 T = TypeVar("T")
 
 
+def _brief(value: object, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
 def wait_until(
     observe: Callable[[], T],
     timeout_s: float,
@@ -212,7 +217,7 @@ def wait_until(
     deadline = time.monotonic() + timeout_s
     while not until(value := observe()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {value!r})")
+            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {_brief(value)})")
         time.sleep(interval_s)
     return value
 
@@ -234,7 +239,7 @@ async def eventually(
         if until(value):
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {value!r})")
+            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {_brief(value)})")
         await asyncio.sleep(interval_s)
 
 
