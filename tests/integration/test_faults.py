@@ -54,7 +54,7 @@ def test_worker_killed_mid_batch_loses_nothing(redis_url: str, processes: Proces
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(4)))
-        await eventually(  # read and computing (a full batch starts at once), not acked
+        await eventually(  # read and computing, not acked
             lambda: queue_counts(redis_url),
             15,
             "the doomed worker holding all four entries",
