@@ -58,7 +58,7 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission(
         backlog = asyncio.create_task(
             fire(gateway.base_url, texts(BACKLOG), {"X-Microbatch-Timeout-Ms": "90000"})
         )
-        await eventually(  # a probe is refused or times out behind it, never served in time
+        await eventually(  # behind the whole backlog, a probe is refused or times out
             lambda: _enqueued(redis_url),
             30,
             f"the backlog of {BACKLOG} queued",
