@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -16,12 +17,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple, TypeVar
 
 import httpx
 import pytest
+import redis
+
+from common.streams import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,8 +87,6 @@ class RedisServer:
             self.proc.wait()
 
     def flush(self) -> None:
-        import redis
-
         client = redis.Redis.from_url(self.url)
         client.flushall()
         client.close()
@@ -188,6 +191,76 @@ async def fire(url: str, bodies: list[dict], headers: dict | None = None) -> lis
 
 def texts(n: int, tag: str = "text") -> list[dict]:
     return [{"input": f"{tag} {i}"} for i in range(n)]
+
+
+T = TypeVar("T")
+
+
+def _brief(value: object, limit: int = 300) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def wait_until(
+    observe: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    until: Callable[[T], object] = bool,
+    interval_s: float = 0.05,
+) -> T:
+    """Poll `observe()` until `until` holds for what it returns (by default: until it is
+    truthy), and return that; after `timeout_s`, fail naming `what` and the last value seen.
+
+    What a test waits with instead of a fixed sleep: the condition the sleep was betting on,
+    so a loaded machine waits longer and a quick one does not wait at all.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not until(value := observe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {_brief(value)})")
+        time.sleep(interval_s)
+    return value
+
+
+async def eventually(
+    observe: Callable[[], T | Awaitable[T]],
+    timeout_s: float,
+    what: str,
+    until: Callable[[T], object] = bool,
+    interval_s: float = 0.05,
+) -> T:
+    """`wait_until` inside an event loop: the loop's other tasks run between polls, and
+    `observe` may be a coroutine function."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = observe()
+        if inspect.isawaitable(value):
+            value = await value
+        if until(value):
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not seen within {timeout_s:g} s (last: {_brief(value)})")
+        await asyncio.sleep(interval_s)
+
+
+class QueueCounts(NamedTuple):
+    length: int  # XLEN over the model's request streams: entries are deleted once acked
+    pending: int  # XPENDING: delivered to a worker and not yet acked
+
+
+def queue_counts(redis_url: str, model: str = "noop", prefix: str = "mb") -> QueueCounts:
+    """What Redis holds for a model's request streams now, summed over its buckets."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        length = pending = 0
+        every_bucket = Keys(prefix).request(model, "*")  # a SCAN pattern
+        for stream in client.scan_iter(match=every_bucket):
+            length += client.xlen(stream)
+            with contextlib.suppress(redis.ResponseError):  # no group yet: nothing delivered
+                pending += client.xpending(stream, GROUP)["pending"]
+        return QueueCounts(length, pending)
+    finally:
+        client.close()
 
 
 def wait_ready(proc: Proc, timeout: float = 120.0, models: int = 1) -> None:

@@ -6,8 +6,10 @@ import asyncio
 import time
 
 import httpx
+import redis
 
-from tests.conftest import Processes, fire, texts, wait_ready
+from common.streams import Keys
+from tests.conftest import Processes, eventually, fire, texts, wait_ready
 from tests.integration.test_observability import sample
 
 # Four entries per 200 ms batch: about 20 entries/s, so 160 queued is about eight seconds.
@@ -22,6 +24,15 @@ async def _post(url: str, body: dict, timeout_ms: int) -> tuple[httpx.Response, 
             "/v1/embeddings", json=body, headers={"X-Microbatch-Timeout-Ms": str(timeout_ms)}
         )
     return response, time.monotonic() - started
+
+
+def _enqueued(redis_url: str) -> int:
+    """Entries the gateway has added to the model's stream so far (XINFO STREAM entries-added)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return client.xinfo_stream(Keys("mb").request("noop", 128))["entries-added"]
+    finally:
+        client.close()
 
 
 async def _first_refusal(url: str, timeout_ms: int) -> tuple[httpx.Response, float]:
@@ -47,7 +58,12 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission(
         backlog = asyncio.create_task(
             fire(gateway.base_url, texts(BACKLOG), {"X-Microbatch-Timeout-Ms": "90000"})
         )
-        await asyncio.sleep(1.0)
+        await eventually(  # behind the whole backlog, a probe is refused or times out
+            lambda: _enqueued(redis_url),
+            30,
+            f"the backlog of {BACKLOG} queued",
+            until=lambda added: added >= BACKLOG,
+        )
         refused, refused_s = await _first_refusal(gateway.base_url, 1000)
         generous, _ = await _post(gateway.base_url, {"input": "patient"}, 90_000)
         return await backlog, refused, refused_s, generous

@@ -15,7 +15,17 @@ from typer.testing import CliRunner
 
 from common.cli import app
 from common.protocol import EmbeddingResult, decode, encode, pack_vector
-from tests.conftest import Processes, fire, free_port, texts, wait_ready, wait_workers
+from tests.conftest import (
+    Processes,
+    eventually,
+    fire,
+    free_port,
+    queue_counts,
+    texts,
+    wait_ready,
+    wait_until,
+    wait_workers,
+)
 from tests.integration.test_observability import sample
 
 POISON, BAD = 4242, 4343
@@ -44,7 +54,12 @@ def test_worker_killed_mid_batch_loses_nothing(redis_url: str, processes: Proces
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(4)))
-        await asyncio.sleep(1.0)  # read and computing, not acked
+        await eventually(  # read and computing, not acked
+            lambda: queue_counts(redis_url),
+            15,
+            "the doomed worker holding all four entries",
+            until=lambda q: q.pending == 4,
+        )
         doomed.signal(signal.SIGKILL)
         processes.start("worker", metrics_port=port, **common)
         return await requests
@@ -120,7 +135,12 @@ def test_every_worker_killed_then_one_started_serves_backlog_and_orphans(
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(24)))
-        await asyncio.sleep(0.8)
+        await eventually(  # orphans: entries the doomed workers read and will never ack
+            lambda: queue_counts(redis_url),
+            15,
+            "the doomed workers holding a batch's worth of entries",
+            until=lambda q: q.pending >= 4,
+        )
         for proc in doomed:
             proc.signal(signal.SIGKILL)
         processes.start("worker", **common)
@@ -143,7 +163,12 @@ def test_a_slow_but_alive_worker_is_not_robbed(redis_url: str, processes: Proces
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(4)))
-        await asyncio.sleep(0.5)
+        await eventually(
+            lambda: queue_counts(redis_url),
+            15,
+            "the slow worker holding all four entries",
+            until=lambda q: q.pending == 4,
+        )
         processes.start("worker", metrics_port=port, **common)  # an idle peer, claiming eagerly
         while not requests.done():  # the slow worker keeps renewing its lease meanwhile
             rows = client.xpending_range("mb:{noop}:req:128", "workers", "-", "+", 10)
@@ -156,7 +181,11 @@ def test_a_slow_but_alive_worker_is_not_robbed(redis_url: str, processes: Proces
     assert [r.status_code for r in responses] == [200] * 4
     assert idle_seen and max(idle_seen) < 1000, "entries never look idle past claim_idle_ms"
     assert {r.headers["x-microbatch-worker"] for r in responses} == {f"{_host()}-{slow.popen.pid}"}
-    time.sleep(1.0)
+    # A peer can claim an entry only while it is pending: once all four are acked (and
+    # deleted), any robbery has happened and been counted, and none can happen any more.
+    wait_until(
+        lambda: queue_counts(redis_url), 10, "all four entries acked", until=lambda q: q == (0, 0)
+    )
     assert sample(worker_metrics(port), "microbatch_redeliveries_total") == 0
     assert (
         sample(httpx.get(f"{gateway.base_url}/metrics").text, "microbatch_duplicate_replies_total")
@@ -180,7 +209,12 @@ def test_a_hung_worker_fails_readiness_and_its_entries_go_to_a_peer(
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(2)))
-        await asyncio.sleep(0.5)
+        await eventually(
+            lambda: queue_counts(redis_url),
+            15,
+            "the hung worker holding both entries",
+            until=lambda q: q.pending == 2,
+        )
         processes.start("worker", **common)
         return await requests
 
@@ -287,7 +321,12 @@ def test_entries_past_their_deadline_are_skipped_without_compute(
 
     async def scenario() -> tuple[httpx.Response, list[httpx.Response], float]:
         first = asyncio.create_task(fire(gateway.base_url, texts(1, "first")))
-        await asyncio.sleep(0.3)  # the first batch is computing
+        await eventually(  # read, so computing: batches of one start at once
+            lambda: queue_counts(redis_url),
+            15,
+            "the first batch computing",
+            until=lambda q: q.pending == 1,
+        )
         started = time.monotonic()
         late = await fire(gateway.base_url, texts(3, "late"), {"X-Microbatch-Timeout-Ms": "400"})
         elapsed = time.monotonic() - started
@@ -299,7 +338,14 @@ def test_entries_past_their_deadline_are_skipped_without_compute(
     assert [r.status_code for r in late] == [504] * 3
     assert all("400 ms" in r.json()["error"]["message"] for r in late)
     assert elapsed < 3, "504 comes at the deadline, not after the compute"
-    time.sleep(1.0)
+    # An entry is deleted once acked, whether skipped or computed, and a computed one is
+    # counted before its ack: with the streams empty the batch count is final.
+    wait_until(
+        lambda: queue_counts(redis_url),
+        20,
+        "the late entries acked",
+        until=lambda q: q == (0, 0),
+    )
     text = worker_metrics(port)
     assert sample(text, "microbatch_batch_size_count", model="noop", bucket="128") == 1
 
@@ -311,7 +357,12 @@ def test_a_client_that_disconnects_is_cancelled_and_its_entry_never_computed(
 
     async def scenario() -> httpx.Response:
         first = asyncio.create_task(fire(gateway.base_url, texts(1, "first")))
-        await asyncio.sleep(0.3)  # the first batch is computing; the next entries wait
+        await eventually(  # the first batch is computing; the next entries wait
+            lambda: queue_counts(redis_url),
+            15,
+            "the first batch computing",
+            until=lambda q: q.pending == 1,
+        )
         async with httpx.AsyncClient(base_url=gateway.base_url, timeout=0.5) as client:
             with contextlib.suppress(httpx.TimeoutException):  # the client gives up: gone
                 await client.post("/v1/embeddings", json={"input": ["leaving", "early"]})
@@ -320,7 +371,14 @@ def test_a_client_that_disconnects_is_cancelled_and_its_entry_never_computed(
 
     answer = asyncio.run(scenario())
     assert answer.status_code == 200
-    time.sleep(2.0)  # long enough for the worker to have run the two, had it not known
+    # Long enough for the worker to have run the two, had it not known: it acks (and deletes)
+    # an entry only after computing it or dropping it, so an empty stream means it is done.
+    wait_until(
+        lambda: queue_counts(redis_url),
+        20,
+        "the two cancelled entries acked",
+        until=lambda q: q == (0, 0),
+    )
     text = worker_metrics(port)
     assert sample(text, "microbatch_batch_size_count", model="noop", bucket="128") == 1
     assert sample(text, "microbatch_cancelled_total") == 2

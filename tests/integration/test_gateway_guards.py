@@ -6,7 +6,7 @@ import time
 
 import httpx
 
-from tests.conftest import Processes, RedisServer, free_port, wait_ready
+from tests.conftest import Processes, RedisServer, free_port, wait_ready, wait_until
 
 
 def test_api_keys_are_required_when_configured(redis_url: str, processes: Processes) -> None:
@@ -36,7 +36,11 @@ def test_redis_down_gets_a_fast_503_with_retry_after(processes: Processes, tmp_p
     gateway = processes.start("gateway", **settings)
     wait_ready(gateway)
     redis.kill()
-    time.sleep(1.5)  # the catalog notices on its next refresh
+    wait_until(  # the catalog has noticed: GET /readyz runs a refresh and says what it found
+        lambda: httpx.get(f"{gateway.base_url}/readyz", timeout=30).json()["redis"] is False,
+        10,
+        "the gateway's catalog seeing Redis down",
+    )
     started = time.monotonic()
     r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
     elapsed = time.monotonic() - started

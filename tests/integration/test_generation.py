@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import pytest
 
-from tests.conftest import Processes, RedisServer, free_port, wait_ready
+from tests.conftest import Processes, RedisServer, eventually, free_port, wait_ready
 from worker.generate.tiny_model import write_tiny_model
 
 pytestmark = pytest.mark.slow
@@ -327,7 +327,7 @@ def test_bad_chat_requests_get_a_clear_4xx(served, body: dict, status: int, says
 def test_the_worker_drains_running_generations_on_sigterm(
     redis_url: str, processes: Processes, tiny_model: Path
 ) -> None:
-    base, _, worker = serve_tiny(processes, redis_url, tiny_model, "mb")
+    base, metrics_url, worker = serve_tiny(processes, redis_url, tiny_model, "mb")
 
     async def run() -> list[dict]:
         async with httpx.AsyncClient(base_url=base, timeout=60) as client:
@@ -335,7 +335,12 @@ def test_the_worker_drains_running_generations_on_sigterm(
                 complete(client, prompt=f"ka {i}", max_tokens=200, temperature=0) for i in range(4)
             ]
             tasks = [asyncio.create_task(c) for c in calls]
-            await asyncio.sleep(0.5)
+            await eventually(
+                lambda: metric(metrics_url, "microbatch_running_sequences"),
+                30,
+                "all four generating",
+                until=lambda running: running >= 4,
+            )
             worker.signal(signal.SIGTERM)
             return await asyncio.gather(*tasks)
 

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.conftest import Processes, free_port, wait_ready, wait_workers
+from tests.conftest import Processes, eventually, free_port, queue_counts, wait_ready, wait_workers
 from tests.integration.test_generation import metric
 from worker.generate.tiny_model import TinyShape, write_tiny_model
 
@@ -72,7 +72,12 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
             whole = asyncio.create_task(client.post("/v1/completions", json=whole_body))
             await asyncio.to_thread(wait_running, f"http://127.0.0.1:{port}/metrics", 1)
             stream = asyncio.create_task(read_stream(client, stream_body, events))
-            await asyncio.sleep(0.5)  # the stream's entry is read and held, not started
+            await eventually(  # the stream's entry is read and held, not started
+                lambda: queue_counts(redis_url, str(slow_model)),
+                30,
+                "the worker holding the stream's entry too",
+                until=lambda q: q.pending == 2,
+            )
             assert not events
             doomed.signal(signal.SIGKILL)
             processes.start("worker", **common)

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from common.cli import app
 from common.protocol import DeadLetter, ModelInfo, encode
-from tests.conftest import Processes, wait_ready
+from tests.conftest import Processes, wait_ready, wait_until
 
 
 def sample(text: str, name: str, **labels: str) -> float:
@@ -26,6 +26,12 @@ def sample(text: str, name: str, **labels: str) -> float:
         if found == labels:
             return float(match.group(2))
     raise AssertionError(f"no sample {name}{labels}")
+
+
+def after_a_refresh(base_url: str) -> str:
+    """/metrics right after a catalog refresh (GET /readyz runs one): queue gauges as in Redis."""
+    httpx.get(f"{base_url}/readyz", timeout=10)
+    return httpx.get(f"{base_url}/metrics", timeout=10).text
 
 
 def test_metrics_count_the_batches_that_ran(processes: Processes) -> None:
@@ -42,9 +48,19 @@ def test_metrics_count_the_batches_that_ran(processes: Processes) -> None:
     responses = asyncio.run(eight())
     assert [r.status_code for r in responses] == [200] * 8
     assert {r.headers["x-microbatch-batch-size"] for r in responses} == {"4"}
-    time.sleep(1.5)  # one catalog refresh: the queue gauges follow Redis
-    text = httpx.get(f"{serve.base_url}/metrics").text
     labels = {"model": "noop", "bucket": "128"}
+
+    def settled(text: str) -> bool:  # the last acks and the last request's exit land just after
+        return (
+            sample(text, "microbatch_queue_depth", **labels) == 0
+            and sample(text, "microbatch_queue_pending", **labels) == 0
+            and sample(text, "microbatch_inflight_requests") == 0
+        )
+
+    # each look runs its own catalog refresh, so the queue gauges follow Redis
+    text = wait_until(
+        lambda: after_a_refresh(serve.base_url), 10, "an empty queue in the gauges", until=settled
+    )
     assert sample(text, "microbatch_batch_size_count", **labels) == 2
     assert sample(text, "microbatch_batch_size_sum", **labels) == 8
     assert sample(text, "microbatch_padding_ratio_count", **labels) == 2
@@ -172,9 +188,16 @@ def test_a_live_batching_change_alters_the_batches_that_follow(
     redis_url: str, processes: Processes, tmp_path
 ) -> None:
     common = {"redis_url": redis_url, "model": "noop", "max_batch_size": 8, "max_wait_ms": 400}
-    processes.start("worker", **common)
+    worker = processes.start("worker", **common)
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
+
+    def applied(size: int) -> None:
+        """Until the worker says so: it reads live settings on its next heartbeat."""
+        line = f"batching limits now Limits(max_batch_size={size},"
+        wait_until(
+            lambda: line in worker.output(), 10, f"the worker applying max_batch_size {size}"
+        )
 
     async def sizes_of_eight() -> set[int]:
         async with httpx.AsyncClient(base_url=gateway.base_url, timeout=30) as client:
@@ -195,10 +218,10 @@ def test_a_live_batching_change_alters_the_batches_that_follow(
 
     assert asyncio.run(sizes_of_eight()) == {8}
     tune("--set", "max_batch_size=2")
-    time.sleep(2.5)  # workers apply live settings on their next heartbeat
+    applied(2)
     assert max(asyncio.run(sizes_of_eight())) <= 2
     tune("--set", "clear")
-    time.sleep(2.5)
+    applied(8)
     assert asyncio.run(sizes_of_eight()) == {8}
 
     report = tmp_path / "tune.json"

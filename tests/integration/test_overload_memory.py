@@ -17,7 +17,8 @@ from pathlib import Path
 import httpx
 
 from common.cli import loadgen
-from tests.conftest import Processes, wait_ready
+from tests.conftest import Processes, eventually, wait_ready
+from tests.integration.test_observability import sample
 
 RSS_GROWTH_BOUND_MB = 150.0
 SUSTAINABLE_PER_S = 20  # four entries per 200 ms batch
@@ -40,6 +41,16 @@ class PeakRss(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.25):
             self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
+
+
+async def _refused(url: str) -> float:
+    """How many requests the gateway has refused for a full queue so far."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        text = (await client.get("/metrics")).text
+    try:
+        return sample(text, "microbatch_rejected_total", reason="queue_full")
+    except AssertionError:  # no sample until the first refusal
+        return 0.0
 
 
 async def _refusal(url: str) -> httpx.Response:
@@ -69,10 +80,13 @@ def test_sustained_overload_is_refused_fast_and_the_gateway_memory_stays_bounded
     peak.start()
 
     async def overload() -> tuple[list[loadgen.Sample], httpx.Response]:
+        before = await _refused(gateway.base_url)  # the warm-up's, if any
         load = asyncio.create_task(
             loadgen.open_loop(gateway.base_url, bodies, rate=5 * SUSTAINABLE_PER_S, duration_s=8)
         )
-        await asyncio.sleep(4)
+        await eventually(  # the queue is full: the gateway has started refusing
+            lambda: _refused(gateway.base_url), 8, "refusals", until=lambda n: n > before
+        )
         refused = await _refusal(gateway.base_url)
         samples, _ = await load
         return samples, refused

@@ -8,7 +8,18 @@ import time
 import httpx
 import redis
 
-from tests.conftest import Processes, RedisServer, fire, free_port, texts, wait_ready
+from common.streams import Keys
+from tests.conftest import (
+    Processes,
+    RedisServer,
+    eventually,
+    fire,
+    free_port,
+    queue_counts,
+    texts,
+    wait_ready,
+)
+from tests.integration.test_observability import sample
 
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
 
@@ -31,6 +42,12 @@ def wait_status(url: str, status: int, timeout: float = 30) -> None:
     raise AssertionError(f"/readyz never answered {status}")
 
 
+async def catalog_sees_redis_down(url: str) -> bool:
+    """GET /readyz runs a catalog refresh and reports what it found."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        return (await client.get(f"{url}/readyz")).json()["redis"] is False
+
+
 def test_redis_restarted_with_its_data_everything_reconnects_and_accepted_work_finishes(
     processes: Processes, tmp_path
 ) -> None:
@@ -42,9 +59,18 @@ def test_redis_restarted_with_its_data_everything_reconnects_and_accepted_work_f
 
     async def scenario() -> tuple[list[httpx.Response], httpx.Response, float]:
         accepted = asyncio.create_task(fire(gateway.base_url, texts(4)))
-        await asyncio.sleep(0.5)  # queued and computing
+        await eventually(  # queued and computing
+            lambda: queue_counts(server.url),
+            15,
+            "the worker holding all four entries",
+            until=lambda q: q.pending == 4,
+        )
         server.kill()
-        await asyncio.sleep(1.5)  # the catalog has noticed
+        await eventually(
+            lambda: catalog_sees_redis_down(gateway.base_url),
+            10,
+            "the gateway's catalog seeing Redis down",
+        )
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=30) as client:
             during = await client.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"})
@@ -76,7 +102,12 @@ def test_redis_restarted_empty_workers_recreate_groups_and_waiting_clients_get_5
         waiting = asyncio.create_task(
             fire(gateway.base_url, texts(3), {"X-Microbatch-Timeout-Ms": "4000"})
         )
-        await asyncio.sleep(0.5)
+        await eventually(  # one computing, two held: all three in the worker's hands
+            lambda: queue_counts(server.url),
+            15,
+            "the worker holding all three entries",
+            until=lambda q: q.pending == 3,
+        )
         server.kill()
         server.start()  # empty: streams, groups, registry all gone
         return await waiting
@@ -122,11 +153,33 @@ def test_replies_published_while_connections_drop_are_still_delivered(
     wait_ready(gateway)
     client = redis.Redis.from_url(redis_url)
 
+    def cut() -> None:  # every client connection, the gateway's reply reader included
+        client.client_kill_filter(_type="normal", skipme=True)
+
+    def replies_published() -> int:
+        return sum(client.xlen(s) for s in client.scan_iter(match=Keys("mb").reply("*")))
+
+    async def first_batch_answered() -> bool:
+        async with httpx.AsyncClient(timeout=10) as http:
+            text = (await http.get(f"{gateway.base_url}/metrics")).text
+        route = {"route": "/v1/embeddings", "model": "noop", "status": "200"}
+        try:
+            return sample(text, "microbatch_requests_total", **route) >= 4
+        except AssertionError:  # no sample: nothing answered yet
+            return False
+
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(8)))
-        for _ in range(3):  # cut every client connection, the gateway's reply reader included
-            await asyncio.sleep(0.4)
-            client.client_kill_filter(_type="normal", skipme=True)
+        # Batches of up to four, 800 ms each: cut while the worker holds four entries, as soon
+        # as four replies are published, and once four are answered, while the rest compute.
+        await eventually(
+            lambda: queue_counts(redis_url).pending >= 4, 15, "the first batch computing"
+        )
+        cut()
+        await eventually(lambda: replies_published() >= 4, 15, "the first replies published")
+        cut()
+        await eventually(first_batch_answered, 15, "the first batch answered")
+        cut()
         return await requests
 
     responses = asyncio.run(scenario())

@@ -12,7 +12,7 @@ import msgpack
 import redis
 
 from common.protocol import DeadLetter, decode
-from tests.conftest import Processes, fire, texts, wait_ready
+from tests.conftest import Processes, eventually, fire, queue_counts, texts, wait_ready
 
 
 def test_sigterm_drains_what_the_worker_holds_and_exits_zero(
@@ -25,7 +25,12 @@ def test_sigterm_drains_what_the_worker_holds_and_exits_zero(
 
     async def scenario() -> tuple[list[httpx.Response], int]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(16)))
-        await asyncio.sleep(0.5)  # the first batch is computing, the next one is held
+        await eventually(  # the first batch is computing, the next one is held
+            lambda: queue_counts(redis_url),
+            15,
+            "the first worker holding two batches",
+            until=lambda q: q.pending >= 8,
+        )
         first.signal(signal.SIGTERM)
         code = await asyncio.to_thread(first.wait, 30)
         processes.start("worker", **common)  # a peer takes what was never read
@@ -125,7 +130,14 @@ def test_a_batch_slower_than_claim_idle_is_not_run_twice_by_its_own_worker(
     wait_ready(serve)
     responses = asyncio.run(fire(serve.base_url, texts(4)))
     assert [r.status_code for r in responses] == [200] * 4
-    time.sleep(1.0)  # room for a wrong second run to show up
+    # Room for a wrong second run to show up: one that could only be queued while the four
+    # were pending, so before this probe. The noop model computes one batch at a time, the
+    # oldest first, so the probe's answer comes after any such run; it is long enough for
+    # another bucket, which leaves the count below to the four.
+    probe = httpx.post(
+        f"{serve.base_url}/v1/embeddings", json={"input": [[101, *[7] * 200, 102]]}, timeout=30
+    )
+    assert probe.status_code == 200 and probe.headers["x-microbatch-bucket"] != "128"
     text = httpx.get(f"{serve.base_url}/metrics").text
     assert 'microbatch_batch_size_count{bucket="128",model="noop"} 1.0' in text
     assert "microbatch_duplicate_replies_total 0.0" in text
