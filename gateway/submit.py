@@ -2,8 +2,8 @@
 
 Admission first (503 with Retry-After when the queue is too deep to answer in time), then one
 future per entry, the entries written in one round trip, and the wait: answers in order, or
-the first error an entry got. A client that leaves, or a deadline that passes, cancels what
-is still queued so no worker computes answers nobody reads.
+the first error an entry got. A client that leaves cancels what is still queued, so no worker
+computes answers nobody reads; past its deadline a worker drops an entry by itself.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from fastapi import Request
 from common import metrics
 from common.errors import (
     ClientGone,
-    DeadlineExceeded,
     Overloaded,
     ServiceUnavailable,
     error_from_reply,
@@ -73,7 +72,8 @@ async def submit(services: Services, request: Request, entries: Entries) -> list
     try:
         await services.enqueuer.add(entries.items)
         replies = await await_replies(request, futures, entries.timeout_ms)
-    except (ClientGone, DeadlineExceeded):
+    except ClientGone:
+        # a cancellation lasts until the deadline; past it, workers drop the entries anyway
         services.canceller.cancel(entries.model, entries.ids, entries.deadline_ms)
         raise
     finally:

@@ -103,8 +103,7 @@ class EmbedLoop:
         drain = Limits(self._limits.max_batch_size, self._limits.max_batch_tokens, 0.0)
         while True:
             draining = stop.is_set()
-            if self._intake.cancelled:
-                await self._drop_cancelled()
+            await self._drop_unwanted()
             timeout = self._start_what_may_run(drain if draining else self._limits)
             if timeout == 0.0:
                 continue  # a batch started: ask again at once
@@ -150,22 +149,28 @@ class EmbedLoop:
         rates = self._observed.rates(self._clock())
         return Load(cost, rates, len(self._computing), per_bucket)
 
-    async def _drop_cancelled(self) -> None:
-        """Ack held entries nobody waits for, without computing them."""
-        cancelled = self._intake.cancelled
+    async def _drop_unwanted(self) -> None:
+        """Before any compute: ack held entries whose client left, and answer 504 for those
+        whose deadline passed while they waited here (read early, within `sort_window`)."""
+        cancelled, now_ms = self._intake.cancelled, wall_ms()
         dropped = [
             (bucket, key)
             for bucket, queue in self._queues.items()
             for key, held in queue.items()
-            if held.entry.id in cancelled
+            if held.entry.id in cancelled or held.entry.deadline_ms <= now_ms
         ]
         if not dropped:
             return
-        done = [
-            (held.stream, held.entry_id) for held in (self._queues[b].pop(k) for b, k in dropped)
-        ]
+        replies, done = [], []
+        for bucket, key in dropped:
+            held = self._queues[bucket].pop(key)
+            done.append((held.stream, held.entry_id))
+            if held.entry.id not in cancelled:
+                late_ms = now_ms - held.entry.deadline_ms
+                message = f"deadline passed {late_ms} ms before compute"
+                replies.append(self._intake.error(held.entry, 504, "deadline_exceeded", message))
         metrics.cancelled_total.inc(len(done))
-        await self._intake.publish([], done)
+        await self._intake.publish(replies, done)
 
     # ---- running a batch -------------------------------------------------------------------
 
