@@ -79,7 +79,23 @@ class GenerateEntry(_Tokens):
     seed: int  # -1 = unseeded
     stop: list[str]  # stop sequences, at most MAX_STOP_SEQUENCES
     stream: bool  # send a chunk per step, or one final answer
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per time a token was generated
+    repetition_penalty: float = 1.0  # vLLM's: divides (multiplies) prompt and output logits
+    bias_tokens: bytes = b""  # logit_bias token ids, uint32 little-endian
+    bias_values: bytes = b""  # their biases, float32 little-endian, in the same order
+    min_tokens: int = 0  # EOS and stop_token_ids are impossible before this many tokens
+    stop_token_ids: bytes = b""  # uint32 little-endian: generating one ends the sequence
+    ignore_eos: bool = False  # EOS is an ordinary token: generate to max_tokens
+    top_k: int = 0  # sample among the k likeliest tokens; 0 = all
+    min_p: float = 0.0  # drop tokens under min_p x the likeliest one's probability
     v: int = VERSION
+
+    def stop_ids(self) -> np.ndarray:
+        return np.frombuffer(self.stop_token_ids, dtype="<u4")
+
+    def logit_bias(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.frombuffer(self.bias_tokens, "<u4"), np.frombuffer(self.bias_values, "<f4")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,7 +284,16 @@ def _build(body: object) -> Message:
         not message.tokens or len(message.tokens) % 4
     ):
         raise ProtocolError(f"req.tokens: {len(message.tokens)} bytes is not a uint32 list")
+    if isinstance(message, GenerateEntry):
+        _check_generation_lists(message)
     return message
+
+
+def _check_generation_lists(entry: GenerateEntry) -> None:
+    if len(entry.stop_token_ids) % 4 or len(entry.bias_tokens) % 4:
+        raise ProtocolError("genreq: stop_token_ids and bias_tokens must be uint32 lists")
+    if len(entry.bias_values) != len(entry.bias_tokens):
+        raise ProtocolError("genreq: one float32 bias per bias token")
 
 
 def pack_tokens(ids: typing.Sequence[int] | np.ndarray) -> bytes:

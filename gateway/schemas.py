@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
+MAX_STOP_TOKEN_IDS = 64
 
 
 class EmbeddingRequest(BaseModel):
@@ -50,6 +51,22 @@ class GenerationParams(BaseModel):
     return_token_ids: bool = Field(
         default=False, description="Also return each choice's generated token ids (as vLLM)"
     )
+    # Sampling controls (OpenAI's, and vLLM's extensions), applied in this order to the
+    # logits: logit_bias, min_tokens, repetition_penalty, frequency and presence penalties,
+    # then temperature, top_k, top_p, min_p.
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, le=10.0, description="vLLM's: over prompt and output; 1 = off"
+    )
+    logit_bias: dict[StrictStr, float] | None = Field(
+        default=None, description="Token id (as a string) to a bias in -100..100"
+    )
+    min_tokens: StrictInt = Field(default=0, ge=0, description="No EOS or stop token before")
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
+    ignore_eos: bool = Field(default=False, description="Generate to max_tokens past EOS")
+    top_k: StrictInt = Field(default=-1, ge=-1, description="-1 or 0: every token")
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class CompletionRequest(GenerationParams):

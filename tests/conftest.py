@@ -302,3 +302,11 @@ def reference_model():
     model = SentenceTransformer(str(default_model_path()), device="cpu")
     model.max_seq_length = 512
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weight Llama `microbatch tiny-model` writes (fixed seed), once per run."""
+    from worker.generate.tiny_model import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")

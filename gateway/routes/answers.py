@@ -34,7 +34,8 @@ class Format:
 
     def whole_choice(self, index: int, chunk: GenerationChunk, with_ids: bool) -> dict:
         if self.chat:
-            choice: dict = {"index": index, "message": {"role": "assistant", "content": chunk.text}}
+            message = {"role": "assistant", "content": chunk.text, "refusal": None}
+            choice: dict = {"index": index, "message": message}
         else:
             choice = {"index": index, "text": chunk.text}
         return self._finish(choice, chunk, with_ids)

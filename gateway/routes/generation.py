@@ -20,6 +20,7 @@ from common.protocol import MAX_STOP_SEQUENCES, GenerateEntry, GenerationChunk, 
 from gateway.catalog import ModelEntry
 from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of
 from gateway.routes.answers import Format, Submitted, whole_body
+from gateway.routes.sampling import check_min_tokens, sampling_fields
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
@@ -86,6 +87,7 @@ def _entries(
     deadline_ms = start_ms + ask.timeout_ms
     base = services.next_id()
     stops = _stops(req)
+    sampling = sampling_fields(req, model.info.vocab_size)
     items, ids = [], []
     for i, (prompt, n_new) in enumerate(prompts):
         entry = GenerateEntry(
@@ -103,6 +105,7 @@ def _entries(
             seed=-1 if req.seed is None else req.seed,
             stop=stops,
             stream=req.stream,
+            **sampling,
         )
         items.append((services.request_stream(model.info.name, len(prompt)), encode(entry)))
         ids.append(entry.id)
@@ -128,6 +131,7 @@ async def _generate(
     request_id = call.request_id or ""
     timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
     prompts, new_tokens = await prepare(services, model, req)
+    check_min_tokens(req, new_tokens)
     admit_or_refuse(services, model, len(prompts), timeout_ms)
     ask = _Ask(request_id, priority_of(request), timeout_ms)
     sub = _entries(services, model, req, list(zip(prompts, new_tokens, strict=True)), ask)

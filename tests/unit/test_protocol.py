@@ -170,6 +170,16 @@ GEN = {
     "seed": 42,
     "stop": ["\n\n", "END"],
     "stream": True,
+    "presence_penalty": 0.5,
+    "frequency_penalty": 0.25,
+    "repetition_penalty": 1.1,
+    "bias_tokens": pack_tokens([9, 11]),
+    "bias_values": np.asarray([-100.0, 2.5], "<f4").tobytes(),
+    "min_tokens": 2,
+    "stop_token_ids": pack_tokens([3]),
+    "ignore_eos": False,
+    "top_k": 40,
+    "min_p": 0.05,
 }
 
 
@@ -179,6 +189,9 @@ def test_a_generate_entry_round_trips_with_its_stop_list_and_stream_flag() -> No
     assert entry.stop == ["\n\n", "END"] and entry.stream is True
     assert list(entry.token_ids()) == [5, 6, 7]
     assert decode(encode(entry)) == entry
+    bias_ids, biases = entry.logit_bias()
+    assert bias_ids.tolist() == [9, 11] and biases.tolist() == [-100.0, 2.5]
+    assert entry.stop_ids().tolist() == [3]
 
 
 @pytest.mark.parametrize(
@@ -189,6 +202,10 @@ def test_a_generate_entry_round_trips_with_its_stop_list_and_stream_flag() -> No
         ({"stream": 1}, "genreq.stream"),
         ({"max_tokens": True}, "genreq.max_tokens"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "not a msgpack"),
+        ({"bias_values": b"\0\0\0\0"}, "one float32 bias per bias token"),
+        ({"stop_token_ids": b"\0\0\0"}, "uint32 lists"),
+        ({"ignore_eos": 0}, "genreq.ignore_eos"),
+        ({"top_k": 1.5}, "genreq.top_k"),
     ],
 )
 def test_a_malformed_generate_entry_is_rejected(change: dict, why: str) -> None:

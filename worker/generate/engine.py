@@ -14,28 +14,14 @@ Called from the worker's single compute thread only; never from the event loop.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
-
-
-@dataclass(slots=True)
-class Sampling:
-    temperature: float  # 0 = greedy
-    top_p: float
-    seed: int  # -1 = unseeded
-    generator: torch.Generator = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.generator = torch.Generator()
-        if self.seed >= 0:
-            self.generator.manual_seed(self.seed)
-        else:
-            self.generator.seed()
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +75,6 @@ class PrefillCache:
     ):
         self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
         return key_states, value_states
-
-
-def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> list[int]:
-    """One token per row: argmax at temperature 0, else nucleus sampling with the row's own
-    generator, so a seeded sequence draws the same whatever shares its batch."""
-    out = logits.argmax(-1).tolist()
-    for i, s in enumerate(settings):
-        if s.temperature <= 0:
-            continue
-        probs = torch.softmax(logits[i].float() / s.temperature, -1)
-        if s.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs >= s.top_p
-            sorted_probs[outside] = 0.0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-        out[i] = int(torch.multinomial(probs, 1, generator=s.generator))
-    return out
 
 
 class GenerationEngine:

@@ -80,7 +80,9 @@ class GenerationLoop:
     def hold(self, held: Held) -> None:
         key = next(self._keys)
         attempt = f"{self._intake.name}:{held.entry_id}:{key}"
-        self._waiting[key] = Sequence.start(held, next(self._order), self._tokenizer, attempt)
+        self._waiting[key] = Sequence.start(
+            held, next(self._order), self._tokenizer, attempt, self._engine.eos_ids
+        )
 
     def live_limits(self, overrides: dict[str, str]) -> None:
         """Live settings tune embedding batches; a generation worker has none to apply."""
@@ -152,7 +154,7 @@ class GenerationLoop:
             if seq is None:
                 continue
             self._observe_token(seq, now_s)
-            text, finish = seq.advance(token, self._engine.eos_ids, self._engine.context)
+            text, finish = seq.advance(token, self._engine.context)
             chunk = seq.chunk(text, finish, self._intake.name)
             if chunk is not None:
                 replies.append(chunk)

@@ -13,7 +13,7 @@ import numpy as np
 
 from common.protocol import GenerateEntry, GenerationChunk, encode, pack_tokens
 from worker.generate.detokenize import IncrementalDetokenizer, StopMatcher
-from worker.generate.engine import Sampling
+from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
 from worker.intake import Held
 from worker.replies import Reply
@@ -27,6 +27,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     stopper: StopMatcher
     attempt: str  # names this try, so a gateway tells a restart from a duplicate
+    ends: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignored), stop ids
     generated: list[int] = field(default_factory=list)
     unsent: list[int] = field(default_factory=list)  # tokens not yet in a chunk
     chunks: int = 0
@@ -34,17 +35,21 @@ class Sequence:
     last_token_s: float | None = None
 
     @classmethod
-    def start(cls, held: Held, order: int, tokenizer: object, attempt: str) -> Sequence:
+    def start(
+        cls, held: Held, order: int, tokenizer: object, attempt: str, eos_ids: set[int]
+    ) -> Sequence:
         entry = held.entry
         if not isinstance(entry, GenerateEntry):
             raise TypeError("a generation loop was handed an embedding entry: this is a bug")
+        stop_ids = frozenset(entry.stop_ids().tolist())
         return cls(
             held=held,
             order=order,
-            sampling=Sampling(entry.temperature, entry.top_p, entry.seed),
+            sampling=Sampling.of(entry, eos_ids),
             detokenizer=IncrementalDetokenizer(tokenizer, entry.token_ids()),
             stopper=StopMatcher(entry.stop),
             attempt=attempt,
+            ends=stop_ids if entry.ignore_eos else stop_ids | eos_ids,
         )
 
     @property
@@ -61,11 +66,12 @@ class Sequence:
         """The prompt and everything generated: what a preempted one re-prefills."""
         return np.concatenate([self.entry.token_ids(), np.asarray(self.generated, "<u4")])
 
-    def advance(self, token: int, eos_ids: set[int], context: int) -> tuple[str, str]:
-        """Take one token: the text it releases and the finish reason ("" while going on)."""
+    def advance(self, token: int, context: int) -> tuple[str, str]:
+        """Take one token: the text it releases and the finish reason ("" while going on).
+        An ending token (EOS, a stop id) adds no text."""
         self.generated.append(token)
         self.unsent.append(token)
-        if token in eos_ids:
+        if token in self.ends:
             return self.stopper.add(self.detokenizer.flush())[0] + self.stopper.finish(), "stop"
         text, hit = self.stopper.add(self.detokenizer.add(token))
         if hit:

@@ -1,0 +1,139 @@
+"""`Sampling`: how one sequence picks its next token, and `sample` for a whole step.
+
+The logits of a row go through the sequence's own processors in vLLM's order (logit_bias,
+min_tokens, repetition penalty, frequency and presence penalties), then greedy argmax at
+temperature 0, else temperature, top_k, top_p and min_p before a draw from the row's own
+generator, so a seeded sequence draws the same whatever shares its batch. Penalties count
+what the sequence generated, kept here, so a preempted sequence resumes with them intact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from common.protocol import GenerateEntry
+
+
+@dataclass(slots=True)
+class Sampling:
+    temperature: float  # 0 = greedy
+    top_p: float
+    seed: int  # -1 = unseeded
+    top_k: int = 0  # 0 = every token
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0  # 1 = off
+    bias: tuple[torch.Tensor, torch.Tensor] | None = None  # (token ids, biases)
+    min_tokens: int = 0
+    banned_early: torch.Tensor | None = None  # EOS (unless ignored) and stop ids
+    prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
+    counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
+    generated: int = 0
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator()
+        if self.seed >= 0:
+            self.generator.manual_seed(self.seed)
+        else:
+            self.generator.seed()
+
+    @classmethod
+    def of(cls, entry: GenerateEntry, eos_ids: set[int]) -> Sampling:
+        """The options an entry carries; `eos_ids` are what min_tokens holds back."""
+        bias_ids, biases = entry.logit_bias()
+        early = set(entry.stop_ids().tolist()) | (set() if entry.ignore_eos else eos_ids)
+        return cls(
+            entry.temperature,
+            entry.top_p,
+            entry.seed,
+            top_k=entry.top_k,
+            min_p=entry.min_p,
+            presence_penalty=entry.presence_penalty,
+            frequency_penalty=entry.frequency_penalty,
+            repetition_penalty=entry.repetition_penalty,
+            bias=(_ids(bias_ids), torch.from_numpy(biases.copy())) if len(bias_ids) else None,
+            min_tokens=entry.min_tokens,
+            banned_early=_ids(sorted(early)) if entry.min_tokens and early else None,
+            prompt_ids=_ids(np.unique(entry.token_ids()))
+            if entry.repetition_penalty != 1.0
+            else None,
+        )
+
+    @property
+    def adjusts(self) -> bool:
+        """Whether any processor changes this row's logits."""
+        return bool(
+            self.bias is not None
+            or (self.banned_early is not None and self.generated < self.min_tokens)
+            or self.repetition_penalty != 1.0
+            or (self.counts and (self.presence_penalty or self.frequency_penalty))
+        )
+
+    def adjust(self, row: torch.Tensor) -> None:
+        """Apply the processors to one row of float32 logits, in place."""
+        if self.bias is not None:
+            row.index_add_(0, *self.bias)
+        if self.banned_early is not None and self.generated < self.min_tokens:
+            row[self.banned_early] = float("-inf")
+        if self.repetition_penalty != 1.0:
+            seen = self._seen()
+            values = row[seen]
+            penalty = self.repetition_penalty
+            row[seen] = torch.where(values > 0, values / penalty, values * penalty)
+        if self.counts and (self.presence_penalty or self.frequency_penalty):
+            ids = _ids(list(self.counts))
+            times = torch.tensor(list(self.counts.values()), dtype=row.dtype)
+            row[ids] -= times * self.frequency_penalty + self.presence_penalty
+
+    def draw(self, row: torch.Tensor) -> int:
+        """One token from the row at this sequence's temperature, top_k, top_p and min_p."""
+        probs = torch.softmax(row.float() / self.temperature, -1)
+        if 0 < self.top_k < probs.numel():
+            kth = probs.topk(self.top_k).values[-1]
+            probs[probs < kth] = 0.0
+        if self.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            outside = sorted_probs.cumsum(-1) - sorted_probs >= self.top_p
+            sorted_probs[outside] = 0.0
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+        if self.min_p > 0:
+            probs[probs < self.min_p * probs.max()] = 0.0
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+    def took(self, token: int) -> None:
+        self.generated += 1
+        if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0:
+            self.counts[token] = self.counts.get(token, 0) + 1
+
+    def _seen(self) -> torch.Tensor:
+        generated = _ids(list(self.counts))
+        if self.prompt_ids is None:
+            return generated
+        return torch.unique(torch.cat([self.prompt_ids, generated]))
+
+
+def _ids(values: object) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(values, dtype=np.int64))
+
+
+def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> list[int]:
+    """One token per row (B, V): argmax at temperature 0, else a draw; each row's sequence
+    records what it took."""
+    if any(s.adjusts for s in settings):
+        logits = logits.float().clone()
+        for i, s in enumerate(settings):
+            if s.adjusts:
+                s.adjust(logits[i])
+    out = logits.argmax(-1).tolist()
+    for i, s in enumerate(settings):
+        if s.temperature > 0:
+            out[i] = s.draw(logits[i])
+    for s, token in zip(settings, out, strict=True):
+        s.took(token)
+    return out
