@@ -22,7 +22,7 @@ from common.store import Store
 from common.tasks import spawn_supervised
 from gateway.hot_path import GatewayApp
 from gateway.request import error_response, validation_error
-from gateway.routes import chat, completions, embeddings, ops
+from gateway.routes import chat, completions, embeddings, ops, tokens
 from gateway.services import Services
 
 
@@ -44,6 +44,18 @@ def _install_routes(app: GatewayApp) -> None:
         embeddings.embeddings,
         openapi_extra=embeddings.SCHEMA,
         summary="Create embeddings (OpenAI-compatible)",
+    )
+    app.add_hot_route(
+        tokens.TOKENIZE,
+        tokens.tokenize,
+        openapi_extra=tokens.TOKENIZE_SCHEMA,
+        summary="Token ids of a prompt or of chat messages (vLLM's shape)",
+    )
+    app.add_hot_route(
+        tokens.DETOKENIZE,
+        tokens.detokenize,
+        openapi_extra=tokens.DETOKENIZE_SCHEMA,
+        summary="Text of token ids (vLLM's shape)",
     )
     ops.install(app)
 

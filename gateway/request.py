@@ -156,9 +156,10 @@ class Parsed:
 
 
 async def parse_call(
-    request: Request, call: Call, schema: type[BaseModel], kind: str, elsewhere: str
+    request: Request, call: Call, schema: type[BaseModel], kind: str | None, elsewhere: str = ""
 ) -> Parsed:
-    """Request id, API key and rate limit, body, then the model, which must be of `kind`."""
+    """Request id, API key and rate limit, body, then the model, which must be of `kind`
+    (None: any kind)."""
     services: Services = request.app.state.services
     call.request_id = request_id_of(request)
     authorize(services, request)
@@ -169,7 +170,7 @@ async def parse_call(
     name = body.model or services.settings.model  # type: ignore[attr-defined]
     model = await model_entry(services, name)
     call.label = name
-    if model.info.kind != kind:
+    if kind is not None and model.info.kind != kind:
         raise InvalidRequest(
             f"model {name!r} is a {model.info.kind} model, not {kind}; use {elsewhere}",
             param="model",

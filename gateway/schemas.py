@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
 MAX_STOP_TOKEN_IDS = 64
@@ -117,6 +117,34 @@ class ChatCompletionRequest(GenerationParams):
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
         return self.max_tokens if "max_tokens" in self.model_fields_set else None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's `POST /tokenize`: a prompt, or chat messages rendered with the model's template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = Field(default=None, max_length=256)
+    prompt: StrictStr | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
+    add_special_tokens: bool | None = Field(
+        default=None, description="Default: true for a prompt, false for rendered messages"
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's `POST /detokenize`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = Field(default=None, max_length=256)
+    tokens: list[TokenId] = Field(max_length=1 << 17)
 
 
 def openapi_body(schema: type[BaseModel]) -> dict:

@@ -50,6 +50,22 @@ class ModelTokenizer:
         """A rendered chat prompt: its template already wrote every special token."""
         return np.asarray(self._plain.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
+    def encode_text(self, text: str, add_special_tokens: bool) -> list[int]:
+        """One text's ids, whatever its length (for `/tokenize`, which reports the count)."""
+        return list(self._plain.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids back to text, special tokens included (`/detokenize`)."""
+        self.check_in_vocab(ids, "tokens")
+        return self._plain.decode(list(ids), skip_special_tokens=False)
+
+    def check_in_vocab(self, ids: Sequence[int], param: str) -> None:
+        if self.vocab_size and ids and max(ids) >= self.vocab_size:
+            raise InvalidRequest(
+                f"{param}: token id {max(ids)} is outside the vocabulary ({self.vocab_size})",
+                param=param,
+            )
+
     def check_token_lists(
         self, lists: Sequence[Sequence[int]], truncate: bool, check: bool = True
     ) -> list[np.ndarray]:

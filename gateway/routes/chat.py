@@ -20,7 +20,7 @@ from common.errors import InvalidRequest
 from gateway.catalog import ModelEntry
 from gateway.routes.answers import Format
 from gateway.routes.generation import new_token_limits, serve_generation
-from gateway.schemas import ChatCompletionRequest, openapi_body
+from gateway.schemas import ChatCompletionRequest, ChatMessage, openapi_body
 from gateway.services import Services
 
 ROUTE = "/v1/chat/completions"
@@ -39,14 +39,14 @@ def _compiled(template: str):
     return env.from_string(template)
 
 
-def render(model: ModelEntry, req: ChatCompletionRequest) -> str:
+def render(model: ModelEntry, chat: list[ChatMessage]) -> str:
     """The prompt text the model was trained to continue; 400 when the template refuses."""
     info = model.info
     if not info.chat_template:
         raise InvalidRequest(
             f"model {info.name!r} has no chat template; use /v1/completions", param="model"
         )
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    messages = [{"role": m.role, "content": m.text()} for m in chat]
     try:
         return _compiled(info.chat_template).render(
             messages=messages,
@@ -63,7 +63,7 @@ def render(model: ModelEntry, req: ChatCompletionRequest) -> str:
 async def _chat_prompt(
     services: Services, model: ModelEntry, req: ChatCompletionRequest
 ) -> tuple[list[np.ndarray], list[int]]:
-    text = render(model, req)
+    text = render(model, req.messages)
     ids = await services.tokenize.run(len(text), model.tokenizer.encode_plain, text)
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     return [ids], new_token_limits([ids], req.new_tokens, model.info.max_tokens, param)

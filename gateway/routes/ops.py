@@ -7,29 +7,30 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from common.errors import MicrobatchError
+from common.errors import MicrobatchError, ModelNotFound
 from gateway.auth import check_api_key
+from gateway.catalog import ModelEntry
 from gateway.request import error_response
 from gateway.services import Services
 
 
-def _models_body(services: Services) -> dict:
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "microbatch",
-            "kind": entry.info.kind,
-            "dim": entry.info.dim,
-            "max_tokens": entry.info.max_tokens,
-            "workers": entry.live_workers,
-            "queue_depth": entry.depth,
-        }
-        for name, entry in sorted(services.catalog.models.items())
-        if entry.live_workers > 0
-    ]
-    return {"object": "list", "data": data}
+def _model_object(name: str, entry: ModelEntry) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "microbatch",
+        "kind": entry.info.kind,
+        "dim": entry.info.dim,
+        "max_tokens": entry.info.max_tokens,
+        "workers": entry.live_workers,
+        "queue_depth": entry.depth,
+    }
+
+
+def _served(services: Services) -> dict[str, ModelEntry]:
+    """The models a live worker serves now."""
+    return {n: e for n, e in sorted(services.catalog.models.items()) if e.live_workers > 0}
 
 
 async def models(request: Request) -> Response:
@@ -38,7 +39,23 @@ async def models(request: Request) -> Response:
         check_api_key(request.headers.get("authorization"), services.settings.api_keys)
     except MicrobatchError as exc:
         return error_response(exc, None)
-    return Response(orjson.dumps(_models_body(services)), media_type="application/json")
+    data = [_model_object(name, entry) for name, entry in _served(services).items()]
+    body = orjson.dumps({"object": "list", "data": data})
+    return Response(body, media_type="application/json")
+
+
+async def model(request: Request) -> Response:
+    """`GET /v1/models/{id}`: one served model, or 404 model_not_found."""
+    services: Services = request.app.state.services
+    name = request.path_params["model_id"]
+    try:
+        check_api_key(request.headers.get("authorization"), services.settings.api_keys)
+        entry = _served(services).get(name)
+        if entry is None:
+            raise ModelNotFound(f"model {name!r} is not served here", param="model")
+    except MicrobatchError as exc:
+        return error_response(exc, None)
+    return Response(orjson.dumps(_model_object(name, entry)), media_type="application/json")
 
 
 async def healthz(request: Request) -> Response:
@@ -70,6 +87,7 @@ async def prometheus() -> Response:
 
 def install(app: FastAPI) -> None:
     app.add_api_route("/v1/models", models, methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
     app.add_api_route("/metrics", prometheus, methods=["GET"])

@@ -1,0 +1,54 @@
+"""vLLM's `POST /tokenize` and `POST /detokenize`, for every model kind.
+
+Clients count tokens before they send (to fit a context, to price a request) and turn ids
+back into text; both use the very tokenizer the gateway queues with, so the counts agree.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response
+
+from gateway.request import Call, api_call, parse_call
+from gateway.routes.chat import render
+from gateway.schemas import DetokenizeRequest, TokenizeRequest, openapi_body
+
+TOKENIZE = "/tokenize"
+DETOKENIZE = "/detokenize"
+TOKENIZE_SCHEMA = openapi_body(TokenizeRequest)
+DETOKENIZE_SCHEMA = openapi_body(DetokenizeRequest)
+
+
+async def tokenize(request: Request) -> Response:
+    return await api_call(request, TOKENIZE, lambda call: _tokenize(request, call))
+
+
+async def detokenize(request: Request) -> Response:
+    return await api_call(request, DETOKENIZE, lambda call: _detokenize(request, call))
+
+
+async def _tokenize(request: Request, call: Call) -> Response:
+    parsed = await parse_call(request, call, TokenizeRequest, kind=None)
+    req, model = parsed.body, parsed.model
+    if req.messages is not None:  # the template writes the special tokens itself
+        text, special = render(model, req.messages), bool(req.add_special_tokens)
+    else:
+        text = req.prompt
+        special = True if req.add_special_tokens is None else req.add_special_tokens
+    pool = parsed.services.tokenize
+    ids = await pool.run(len(text), model.tokenizer.encode_text, text, special)
+    body = {"count": len(ids), "max_model_len": model.info.max_tokens, "tokens": ids}
+    return _json(body, call)
+
+
+async def _detokenize(request: Request, call: Call) -> Response:
+    parsed = await parse_call(request, call, DetokenizeRequest, kind=None)
+    ids = parsed.body.tokens
+    text = await parsed.services.tokenize.run(len(ids), parsed.model.tokenizer.decode, ids)
+    return _json({"prompt": text}, call)
+
+
+def _json(body: dict, call: Call) -> Response:
+    headers = {"X-Request-ID": call.request_id or ""}
+    return Response(orjson.dumps(body), 200, headers, media_type="application/json")
