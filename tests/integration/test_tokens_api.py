@@ -83,7 +83,7 @@ def test_one_model_is_described_or_named_missing(base: str, tiny_model: Path) ->
             {"model": "noop", "prompt": "a", "messages": [{"role": "user", "content": "a"}]},
             422,
             "body",
-        ),  # noqa: E501
+        ),
         ("/tokenize", {"model": "nope", "prompt": "a"}, 404, "model"),
         ("/detokenize", {"model": "noop", "tokens": [10**6]}, 400, "tokens"),
         ("/detokenize", {"model": "noop", "tokens": "abc"}, 422, "tokens"),
