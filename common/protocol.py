@@ -182,6 +182,7 @@ class ModelInfo:
     chat_template: str  # Jinja, as in tokenizer_config.json; "" when the model has none
     bos_token: str  # the special tokens a chat template may name
     eos_token: str
+    aliases: list[str]  # other names clients may use for it (served_model_name), at most 4
     v: int = VERSION
 
 
@@ -254,7 +255,7 @@ def decode(data: bytes) -> Message:
             strict_map_key=True,
             max_str_len=MAX_MESSAGE_BYTES,
             max_bin_len=MAX_MESSAGE_BYTES,
-            max_array_len=MAX_STOP_SEQUENCES,  # flat maps; the only arrays are stop lists
+            max_array_len=MAX_STOP_SEQUENCES,  # flat maps; the arrays: stop lists, aliases
             max_map_len=32,
             max_ext_len=0,
         )

@@ -20,6 +20,8 @@ def _split_commas(value: object) -> object:
     return value
 
 
+MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
+
 class Settings(BaseSettings):
     """Built once at start-up and passed down; nothing else reads the environment."""
 
@@ -47,6 +49,9 @@ class Settings(BaseSettings):
 
     # Worker
     model: str = DEFAULT_MODEL
+    # The names clients use for `model` (the first registers it, the rest are aliases, at
+    # most MAX_MODEL_ALIASES); empty: the `model` value itself, a folder path included.
+    served_model_name: Annotated[list[str], NoDecode] = Field(default_factory=list)
     buckets: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [128, 256, 512])
     max_batch_size: int = Field(default=16, gt=0)
     max_batch_tokens: int = Field(default=16_384, gt=0)
@@ -97,7 +102,7 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
 
-    @field_validator("buckets", "api_keys", mode="before")
+    @field_validator("buckets", "api_keys", "served_model_name", mode="before")
     @classmethod
     def _parse_lists(cls, value: object) -> object:
         return _split_commas(value)
@@ -128,9 +133,16 @@ class Settings(BaseSettings):
         if self.backend != "torch" and self.device != "cpu":
             # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
             raise ValueError(f"backend {self.backend} runs on the CPU; use backend torch")
+        if len(self.served_model_name) > 1 + MAX_MODEL_ALIASES:
+            raise ValueError(f"served_model_name takes at most {1 + MAX_MODEL_ALIASES} names")
         if self.max_batch_tokens < self.buckets[-1]:
             raise ValueError("max_batch_tokens must hold at least one entry of the largest bucket")
         return self
+
+    @property
+    def served_name(self) -> str:
+        """The name the worker registers its model under, and the gateway's default model."""
+        return self.served_model_name[0] if self.served_model_name else self.model
 
     @property
     def max_tokens(self) -> int:

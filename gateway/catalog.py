@@ -168,6 +168,9 @@ class Catalog:
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
             models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)
+        for entry in list(models.values()):
+            for alias in entry.info.aliases:  # served_model_name: the registered name wins
+                models.setdefault(alias, entry)
         self.models = models
         export_gauges(statuses)
 

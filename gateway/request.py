@@ -167,7 +167,7 @@ async def parse_call(
         body = schema.model_validate_json(await request.body())
     except ValidationError as exc:
         raise validation_error(exc) from None
-    name = body.model or services.settings.model  # type: ignore[attr-defined]
+    name = body.model or services.settings.served_name  # type: ignore[attr-defined]
     model = await model_entry(services, name)
     call.label = name
     if kind is not None and model.info.kind != kind:

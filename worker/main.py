@@ -32,7 +32,7 @@ GIL_SWITCH_INTERVAL_S = 0.0001
 
 async def register(store: Store, settings: Settings, model: LoadedModel) -> None:
     info = ModelInfo(
-        name=settings.model,
+        name=settings.served_name,
         kind=model.kind,
         dim=model.files.dim if model.kind == "causal-lm" else model.runner.dim,
         max_tokens=model.max_tokens,
@@ -41,11 +41,12 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         chat_template=model.files.chat_template,
         bos_token=model.files.bos_token,
         eos_token=model.files.eos_token,
+        aliases=settings.served_model_name[1:],
     )
     await streams.register_model(
         store,
         streams.Keys(settings.prefix),
-        settings.model,
+        settings.served_name,
         encode(info),
         model.files.tokenizer_sha256,
         model.files.tokenizer_json,
@@ -57,7 +58,7 @@ def build_consumer(
 ) -> Consumer:
     """The intake and the loop for the model's kind, composed."""
     limits = EntryLimits(
-        model=settings.model,
+        model=settings.served_name,
         max_tokens=model.max_tokens,
         vocab_size=model.files.vocab_size,
         max_deliveries=settings.max_deliveries,
@@ -97,8 +98,8 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
                 await register(store, settings, model)
                 break
             except Exception as exc:  # Redis not up yet: keep trying until stopped
-                await backoff.wait(log, f"registering {settings.model}", exc)
-        log.info("worker %s serving %s", consumer.name, settings.model)
+                await backoff.wait(log, f"registering {settings.served_name}", exc)
+        log.info("worker %s serving %s as %s", consumer.name, settings.model, settings.served_name)
         await consumer.run(stop)
         if consumer.crashed is not None:
             raise RuntimeError("a worker task failed (logged above); exiting for a restart")

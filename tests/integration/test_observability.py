@@ -86,6 +86,7 @@ def test_status_reports_exactly_what_redis_holds(redis_url: str) -> None:
         chat_template="",
         bos_token="",
         eos_token="",
+        aliases=[],
     )
     client.hset("mb:models", "m", encode(info))
     stream = "mb:{m}:req:256"

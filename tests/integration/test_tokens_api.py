@@ -95,3 +95,21 @@ def test_bad_token_requests_are_refused_naming_the_field(
     answer = httpx.post(f"{base}{path}", json=body, timeout=10)
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["param"] == param
+
+
+def test_a_model_is_served_under_the_names_given_to_it(
+    redis_url: str, processes: Processes
+) -> None:
+    settings = {"redis_url": redis_url, "served_model_name": "mini,mini-alias"}
+    processes.start("worker", model="noop", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    for name in ("mini", "mini-alias"):
+        answer = post(gateway.base_url, "/v1/embeddings", model=name, input="x")
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == name
+    default = post(gateway.base_url, "/v1/embeddings", input="x")  # the gateway's default
+    assert default.status_code == 200 and default.json()["model"] == "mini"
+    assert post(gateway.base_url, "/v1/embeddings", model="noop", input="x").status_code == 404
+    listed = httpx.get(f"{gateway.base_url}/v1/models", timeout=10).json()["data"]
+    assert sorted(m["id"] for m in listed) == ["mini", "mini-alias"]

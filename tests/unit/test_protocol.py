@@ -71,6 +71,7 @@ MESSAGES = [
         chat_template="{{ messages }}",
         bos_token="<s>",
         eos_token="</s>",
+        aliases=["short-name", "other"],
     ),
 ]
 

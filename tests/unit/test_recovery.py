@@ -37,6 +37,7 @@ def test_a_message_that_is_not_a_request_is_dead_lettered() -> None:
         chat_template="",
         bos_token="",
         eos_token="",
+        aliases=[],
     )
     assert isinstance(decide(encode(info), 1, NOW, LIMITS), DeadLetter)
 
