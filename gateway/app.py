@@ -25,38 +25,39 @@ from gateway.request import error_response, validation_error
 from gateway.routes import chat, completions, embeddings, ops, tokens
 from gateway.services import Services
 
-
-def _install_routes(app: GatewayApp) -> None:
-    app.add_hot_route(
+# The API's POST routes, served on the hot path: (path, handler, OpenAPI body, summary)
+HOT_ROUTES = (
+    (
         chat.ROUTE,
         chat.chat_completions,
-        openapi_extra=chat.SCHEMA,
-        summary="Create chat completions (OpenAI-compatible; the model's chat template)",
-    )
-    app.add_hot_route(
+        chat.SCHEMA,
+        "Create chat completions (OpenAI-compatible; the model's chat template)",
+    ),
+    (
         completions.ROUTE,
         completions.completions,
-        openapi_extra=completions.SCHEMA,
-        summary="Create completions (OpenAI-compatible; stream: true for SSE)",
-    )
-    app.add_hot_route(
+        completions.SCHEMA,
+        "Create completions (OpenAI-compatible; stream: true for SSE)",
+    ),
+    (
         embeddings.ROUTE,
         embeddings.embeddings,
-        openapi_extra=embeddings.SCHEMA,
-        summary="Create embeddings (OpenAI-compatible)",
-    )
-    app.add_hot_route(
+        embeddings.SCHEMA,
+        "Create embeddings (OpenAI-compatible)",
+    ),
+    (
         tokens.TOKENIZE,
         tokens.tokenize,
-        openapi_extra=tokens.TOKENIZE_SCHEMA,
-        summary="Token ids of a prompt or of chat messages (vLLM's shape)",
-    )
-    app.add_hot_route(
-        tokens.DETOKENIZE,
-        tokens.detokenize,
-        openapi_extra=tokens.DETOKENIZE_SCHEMA,
-        summary="Text of token ids (vLLM's shape)",
-    )
+        tokens.TOKENIZE_SCHEMA,
+        "Token ids of a prompt or of chat messages (vLLM's shape)",
+    ),
+    (tokens.DETOKENIZE, tokens.detokenize, tokens.DETOKENIZE_SCHEMA, "Text of token ids"),
+)
+
+
+def _install_routes(app: GatewayApp) -> None:
+    for path, handler, body, summary in HOT_ROUTES:
+        app.add_hot_route(path, handler, openapi_extra=body, summary=summary)
     ops.install(app)
 
 
