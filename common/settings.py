@@ -22,6 +22,7 @@ def _split_commas(value: object) -> object:
 
 MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
 
+
 class Settings(BaseSettings):
     """Built once at start-up and passed down; nothing else reads the environment."""
 
