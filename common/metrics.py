@@ -83,6 +83,11 @@ cancelled_total = Counter(
 
 # Generation
 generated_tokens_total = Counter("microbatch_generated_tokens_total", "Tokens generated", ["model"])
+prefill_tokens_total = Counter(
+    "microbatch_prefill_tokens_total",
+    "Prompt tokens prefilled (the n choices of one prompt share one prefill)",
+    ["model"],
+)
 time_to_first_token_seconds = Histogram(
     "microbatch_time_to_first_token_seconds",
     "Enqueue to the first generated token",

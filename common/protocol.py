@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 import msgpack
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # 2: logprobs, n choices, structured output, fingerprints
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
@@ -89,6 +89,11 @@ class GenerateEntry(_Tokens):
     ignore_eos: bool = False  # EOS is an ordinary token: generate to max_tokens
     top_k: int = 0  # sample among the k likeliest tokens; 0 = all
     min_p: float = 0.0  # drop tokens under min_p x the likeliest one's probability
+    n: int = 1  # choices generated from this prompt, its prefill shared
+    logprobs: int = -1  # alternatives reported per generated token; -1: no log probabilities
+    prompt_logprobs: int = -1  # the same for the prompt's tokens (echo); -1: none
+    response_format: str = ""  # "", "json_object" or "json_schema"
+    json_schema: str = ""  # the schema, as JSON text, when response_format is "json_schema"
     v: int = VERSION
 
     def stop_ids(self) -> np.ndarray:
@@ -117,7 +122,50 @@ class GenerationChunk(_Tokens):
     completion_tokens: int  # generated so far, this chunk included
     queue_ms: float  # enqueue to first scheduling
     worker: str
+    choice: int = 0  # which of the entry's `n` choices
+    logprobs: bytes = b""  # float32 per token of `tokens`: its raw log probability
+    top_ids: bytes = b""  # uint32 [tokens x k]: each token's k likeliest alternatives
+    top_logprobs: bytes = b""  # float32 [tokens x k]: their log probabilities
+    prompt_logprobs: bytes = b""  # float32 per prompt token (the first NaN); first chunk only
+    prompt_top_ids: bytes = b""  # uint32 [prompt x k]
+    prompt_top_logprobs: bytes = b""  # float32 [prompt x k]
     v: int = VERSION
+
+    def scores(self) -> Scores | None:
+        """The generated tokens' log probabilities, when they were asked for."""
+        return Scores.unpack(self.logprobs, self.top_ids, self.top_logprobs)
+
+    def prompt_scores(self) -> Scores | None:
+        return Scores.unpack(self.prompt_logprobs, self.prompt_top_ids, self.prompt_top_logprobs)
+
+
+@dataclass(frozen=True, slots=True)
+class Scores:
+    """Log probabilities of a run of tokens and of each one's k likeliest alternatives."""
+
+    logprobs: np.ndarray  # float32 [T]; NaN where there is none (a prompt's first token)
+    top_ids: np.ndarray  # uint32 [T, k]
+    top_logprobs: np.ndarray  # float32 [T, k]
+
+    @classmethod
+    def unpack(cls, logprobs: bytes, top_ids: bytes, top_logprobs: bytes) -> Scores | None:
+        if not logprobs:
+            return None
+        values = np.frombuffer(logprobs, "<f4")
+        k = len(top_ids) // 4 // len(values)
+        return cls(
+            values,
+            np.frombuffer(top_ids, "<u4").reshape(len(values), k),
+            np.frombuffer(top_logprobs, "<f4").reshape(len(values), k),
+        )
+
+    def pack(self) -> dict[str, bytes]:
+        """The three byte fields, as `GenerationChunk` names them (without a prefix)."""
+        return {
+            "logprobs": np.ascontiguousarray(self.logprobs, "<f4").tobytes(),
+            "top_ids": np.ascontiguousarray(self.top_ids, "<u4").tobytes(),
+            "top_logprobs": np.ascontiguousarray(self.top_logprobs, "<f4").tobytes(),
+        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +231,7 @@ class ModelInfo:
     bos_token: str  # the special tokens a chat template may name
     eos_token: str
     aliases: list[str]  # other names clients may use for it (served_model_name), at most 4
+    fingerprint: str = ""  # changes when the weights, config or serving code change
     v: int = VERSION
 
 
@@ -256,7 +305,7 @@ def decode(data: bytes) -> Message:
             max_str_len=MAX_MESSAGE_BYTES,
             max_bin_len=MAX_MESSAGE_BYTES,
             max_array_len=MAX_STOP_SEQUENCES,  # flat maps; the arrays: stop lists, aliases
-            max_map_len=32,
+            max_map_len=48,
             max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several unrelated types for bad bytes
@@ -287,6 +336,8 @@ def _build(body: object) -> Message:
         raise ProtocolError(f"req.tokens: {len(message.tokens)} bytes is not a uint32 list")
     if isinstance(message, GenerateEntry):
         _check_generation_lists(message)
+    if isinstance(message, GenerationChunk):
+        _check_scores(message)
     return message
 
 
@@ -295,6 +346,17 @@ def _check_generation_lists(entry: GenerateEntry) -> None:
         raise ProtocolError("genreq: stop_token_ids and bias_tokens must be uint32 lists")
     if len(entry.bias_values) != len(entry.bias_tokens):
         raise ProtocolError("genreq: one float32 bias per bias token")
+
+
+def _check_scores(chunk: GenerationChunk) -> None:
+    for prefix, n in (("", chunk.n_tokens), ("prompt_", None)):
+        values = getattr(chunk, prefix + "logprobs")
+        ids, tops = getattr(chunk, prefix + "top_ids"), getattr(chunk, prefix + "top_logprobs")
+        rows = len(values) // 4
+        if len(values) % 4 or (n is not None and values and rows != n):
+            raise ProtocolError(f"gen.{prefix}logprobs: one float32 per token")
+        if len(ids) != len(tops) or len(ids) % 4 or (ids and (not rows or len(ids) // 4 % rows)):
+            raise ProtocolError(f"gen.{prefix}top_ids: a uint32 and a float32 per alternative")
 
 
 def pack_tokens(ids: typing.Sequence[int] | np.ndarray) -> bytes:

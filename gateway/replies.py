@@ -5,6 +5,8 @@ to the reply stream, so a cancelled request can never leave a reply unread on a 
 The first reply for an id wins; later ones (redelivery after a worker crash) are counted.
 A streamed generation instead gets a queue that receives every chunk for its id, in order,
 until a final chunk or an error; its reader decides what a chunk from a new attempt means.
+An entry of several choices is answered by `Choices`, a sink that resolves one future when
+every choice has its final chunk.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Protocol
 
 from redis.exceptions import RedisError
 
@@ -26,6 +29,35 @@ Reply = EmbeddingResult | GenerationChunk | ErrorReply
 TRIM_EVERY_S = 5.0
 
 
+class Sink(Protocol):
+    """Where every reply for an id goes: a stream's queue, or a `Choices`."""
+
+    def put_nowait(self, item: Reply | Exception) -> None: ...
+
+
+class Choices:
+    """Collects the final chunk of each of `n` choices of each entry; `future` resolves to
+    them in (entry, choice) order, or fails with the first error. A choice's first final
+    chunk wins (a restarted attempt's duplicate is ignored)."""
+
+    def __init__(self, entry_ids: list[str], n: int) -> None:
+        self.future: asyncio.Future[list[Reply]] = asyncio.get_running_loop().create_future()
+        self._order = [(entry_id, c) for entry_id in entry_ids for c in range(n)]
+        self._finals: dict[tuple[str, int], GenerationChunk] = {}
+
+    def put_nowait(self, item: Reply | Exception) -> None:
+        if self.future.done():
+            return
+        if isinstance(item, Exception):
+            self.future.set_exception(item)
+        elif isinstance(item, ErrorReply):
+            self.future.set_result([item])  # the caller raises it
+        elif isinstance(item, GenerationChunk) and item.finish_reason:
+            self._finals.setdefault((item.id, item.choice), item)
+            if len(self._finals) == len(self._order):
+                self.future.set_result([self._finals[key] for key in self._order])
+
+
 class ReplyRouter:
     def __init__(
         self, store: Store, stream: str, *, block_ms: int, maxlen: int, ttl_s: int
@@ -36,7 +68,7 @@ class ReplyRouter:
         self._maxlen = maxlen
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
-        self._streams: dict[str, asyncio.Queue[Reply | Exception]] = {}
+        self._streams: dict[str, Sink] = {}
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
 
@@ -45,7 +77,7 @@ class ReplyRouter:
         self._waiting[entry_id] = future
         return future
 
-    def expect_stream(self, entry_id: str, queue: asyncio.Queue[Reply | Exception]) -> None:
+    def expect_stream(self, entry_id: str, queue: Sink) -> None:
         """Deliver every reply for `entry_id` into `queue` (one queue may serve many ids)."""
         self._streams[entry_id] = queue
 

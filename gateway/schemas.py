@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_v
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
 MAX_STOP_TOKEN_IDS = 64
+MAX_CHOICES = 16  # n and best_of: more would hold one request's rows over a whole engine
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default max_logprobs
 
 
 class EmbeddingRequest(BaseModel):
@@ -44,7 +46,9 @@ class GenerationParams(BaseModel):
         default=None, description="Up to 4 sequences that end generation (not returned)"
     )
     seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
-    n: StrictInt = Field(default=1, ge=1, le=1, description="Only 1 is supported")
+    n: StrictInt = Field(
+        default=1, ge=1, le=MAX_CHOICES, description="Choices per prompt; its prefill is shared"
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
@@ -68,6 +72,21 @@ class GenerationParams(BaseModel):
     top_k: StrictInt = Field(default=-1, ge=-1, description="-1 or 0: every token")
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
 
+    @property
+    def candidates(self) -> int:
+        """Choices generated per prompt."""
+        return self.n
+
+    @property
+    def shown_logprobs(self) -> int | None:
+        """Alternatives shown per generated token; None: no log probabilities."""
+        return None
+
+    @property
+    def prompt_logprobs(self) -> int:
+        """Alternatives per prompt token to compute; -1: the prompt is not scored."""
+        return -1
+
 
 class CompletionRequest(GenerationParams):
     """OpenAI's legacy completions body."""
@@ -75,10 +94,40 @@ class CompletionRequest(GenerationParams):
     prompt: StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]] = Field(
         description="A string, a list of strings, a token list or a list of token lists"
     )
-    echo: Literal[False] = False
-    best_of: Literal[1] | None = None
-    logprobs: None = None
+    max_tokens: StrictInt = Field(
+        default=16, ge=0, description="New tokens at most; 0 (with echo) scores the prompt"
+    )
+    echo: bool = Field(default=False, description="Return the prompt before the completion")
+    best_of: StrictInt | None = Field(
+        default=None, ge=1, le=MAX_CHOICES, description="Generate this many, return the n best"
+    )
+    logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token, 0-20"
+    )
     suffix: None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens 0 only scores a prompt: it needs echo")
+        if self.best_of is not None and self.best_of < self.n:
+            raise ValueError(f"best_of ({self.best_of}) must be at least n ({self.n})")
+        if self.stream and self.candidates > self.n:
+            raise ValueError("best_of above n cannot be streamed: the best are known at the end")
+        return self
+
+    @property
+    def candidates(self) -> int:
+        """Choices generated per prompt: best_of, else n."""
+        return self.best_of or self.n
+
+    @property
+    def shown_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def prompt_logprobs(self) -> int:
+        return self.logprobs if self.echo and self.logprobs is not None else -1
 
 
 class TextPart(BaseModel):
@@ -105,11 +154,23 @@ class ChatCompletionRequest(GenerationParams):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: bool | None = Field(default=None, description="Log probabilities of each token")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token (with logprobs)"
+    )
     tools: None = None
     tool_choice: None = None
     response_format: None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    @property
+    def shown_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def new_tokens(self) -> int | None:

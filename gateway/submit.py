@@ -23,6 +23,7 @@ from common.errors import (
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
 from gateway import admission
 from gateway.catalog import ModelEntry
+from gateway.replies import Choices
 from gateway.services import Services
 from gateway.waiting import await_replies
 
@@ -65,13 +66,24 @@ class Entries:
     timeout_ms: int  # the request's own timeout, for the message when it passes
 
 
-async def submit(services: Services, request: Request, entries: Entries) -> list[Answer]:
-    """Write the entries and return each one's answer, in order."""
+async def submit(
+    services: Services, request: Request, entries: Entries, choices: int = 1
+) -> list[Answer]:
+    """Write the entries and return each one's answer, in order; with several `choices` per
+    entry (generation's n), each choice's final chunk, in (entry, choice) order."""
     router = services.router
-    futures = [router.expect(i) for i in entries.ids]
+    if choices == 1:
+        futures = [router.expect(i) for i in entries.ids]
+    else:
+        collector = Choices(entries.ids, choices)
+        for entry_id in entries.ids:
+            router.expect_stream(entry_id, collector)
+        futures = [collector.future]
     try:
         await services.enqueuer.add(entries.items)
         replies = await await_replies(request, futures, entries.timeout_ms)
+        if choices > 1:
+            replies = replies[0]
     except ClientGone:
         # a cancellation lasts until the deadline; past it, workers drop the entries anyway
         services.canceller.cancel(entries.model, entries.ids, entries.deadline_ms)

@@ -26,6 +26,7 @@ class ModelTokenizer:
         self._truncating = Tokenizer.from_str(tokenizer_json)
         self._truncating.no_padding()
         self._truncating.enable_truncation(max_length=max_tokens)
+        self._pieces: dict[int, str] = {}
 
     def encode_texts(
         self, texts: Sequence[str], truncate: bool, check: bool = True
@@ -58,6 +59,14 @@ class ModelTokenizer:
         """Ids back to text, special tokens included (`/detokenize`)."""
         self.check_in_vocab(ids, "tokens")
         return self._plain.decode(list(ids), skip_special_tokens=False)
+
+    def piece(self, token: int) -> str:
+        """One token as text, the way vLLM shows it in log probabilities: decoded alone, so a
+        fragment of a multi-byte character shows as U+FFFD."""
+        text = self._pieces.get(token)
+        if text is None:
+            text = self._pieces[token] = self._plain.decode([token], skip_special_tokens=False)
+        return text
 
     def check_in_vocab(self, ids: Sequence[int], param: str) -> None:
         if self.vocab_size and ids and max(ids) >= self.vocab_size:

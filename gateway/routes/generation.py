@@ -8,7 +8,7 @@ whole answer waits for one final chunk per prompt (`submit`); a streamed one is 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from common.errors import ContextLengthExceeded, InvalidRequest
 from common.protocol import MAX_STOP_SEQUENCES, GenerateEntry, GenerationChunk, encode, pack_tokens
 from gateway.catalog import ModelEntry
 from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of
-from gateway.routes.answers import Format, Submitted, whole_body
+from gateway.routes.answers import Format, Shape, Submitted, whole_body
 from gateway.routes.sampling import check_min_tokens, sampling_fields
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
@@ -28,22 +28,37 @@ from gateway.submit import Entries, admit_or_refuse, now_ms, submit
 
 MAX_STOP_CHARS = 256
 CAUSAL_LM = "causal-lm"
-# the validated body → token ids per prompt and new tokens per prompt
-Prepare = Callable[[Services, ModelEntry, Any], Awaitable[tuple[list[np.ndarray], list[int]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """What a route makes of its body: token ids and new tokens per prompt, and each prompt's
+    text when the answer echoes it."""
+
+    ids: list[np.ndarray]
+    new_tokens: list[int]
+    texts: list[str] | None = field(default=None)
+
+
+Prepare = Callable[[Services, ModelEntry, Any], Awaitable[Prompts]]
 
 
 def new_token_limits(
-    prompts: list[np.ndarray], asked: int | None, context: int, param: str = "max_tokens"
+    prompts: list[np.ndarray],
+    asked: int | None,
+    context: int,
+    param: str = "max_tokens",
 ) -> list[int]:
     """New tokens per prompt: what was asked (checked against the context together with the
-    prompt), or all the context leaves when nothing was asked."""
+    prompt), or all the context leaves when nothing was asked. 0 (scoring) is the routes'
+    to allow."""
     limits = []
     for i, ids in enumerate(prompts):
         where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
         if len(ids) == 0:
             raise InvalidRequest(f"{where} is empty after tokenization", param=where)
         wanted = context - len(ids) if asked is None else asked
-        if wanted < 1 or len(ids) + wanted > context:
+        if (wanted < 1 and asked != 0) or len(ids) + wanted > context:
             raise ContextLengthExceeded(
                 f"{where} has {len(ids)} tokens and {param} is {wanted}: "
                 f"{len(ids) + wanted} exceeds the model's context of {context} tokens",
@@ -82,6 +97,7 @@ def _entries(
     req: GenerationParams,
     prompts: list[tuple[np.ndarray, int]],  # (prompt tokens, new tokens)
     ask: _Ask,
+    shape: Shape,
 ) -> Submitted:
     start_ms = now_ms()
     deadline_ms = start_ms + ask.timeout_ms
@@ -105,12 +121,26 @@ def _entries(
             seed=-1 if req.seed is None else req.seed,
             stop=stops,
             stream=req.stream,
+            n=req.candidates,
+            logprobs=_scored(req),
+            prompt_logprobs=req.prompt_logprobs,
             **sampling,
         )
         items.append((services.request_stream(model.info.name, len(prompt)), encode(entry)))
         ids.append(entry.id)
     entries = Entries(model.info.name, items, ids, deadline_ms, ask.timeout_ms)
-    return Submitted(entries, [len(p) for p, _ in prompts])
+    return Submitted(
+        entries, [len(p) for p, _ in prompts], shape, fingerprint=model.info.fingerprint
+    )
+
+
+def _scored(req: GenerationParams) -> int:
+    """Alternatives per generated token the worker computes: what is shown, or just the
+    chosen token's when best_of ranks candidates by their likelihood."""
+    shown = req.shown_logprobs
+    if shown is not None:
+        return shown
+    return 0 if req.candidates > req.n else -1
 
 
 async def serve_generation(
@@ -130,16 +160,26 @@ async def _generate(
     services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
     request_id = call.request_id or ""
     timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
-    prompts, new_tokens = await prepare(services, model, req)
-    check_min_tokens(req, new_tokens)
-    admit_or_refuse(services, model, len(prompts), timeout_ms)
+    prompts = await prepare(services, model, req)
+    check_min_tokens(req, prompts.new_tokens)
+    admit_or_refuse(services, model, len(prompts.ids) * req.candidates, timeout_ms)
     ask = _Ask(request_id, priority_of(request), timeout_ms)
-    sub = _entries(services, model, req, list(zip(prompts, new_tokens, strict=True)), ask)
+    shape = Shape(
+        model.tokenizer,
+        with_ids=req.return_token_ids,
+        logprobs=req.shown_logprobs,
+        echo=prompts.texts,
+        prompt_ids=prompts.ids,
+        n=req.n,
+        candidates=req.candidates,
+    )
+    pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
+    sub = _entries(services, model, req, pairs, ask, shape)
     if req.stream:
         return stream(services, fmt, model.info.name, request_id, req, sub)
-    finals: list[GenerationChunk] = await submit(services, request, sub.entries)  # type: ignore[assignment]
+    finals: list[GenerationChunk] = await submit(services, request, sub.entries, req.candidates)  # type: ignore[assignment]
     return Response(
-        whole_body(fmt, request_id, name, sub, finals, req.return_token_ids),
+        whole_body(fmt, request_id, name, sub, finals),
         200,
         {
             "X-Request-ID": request_id,

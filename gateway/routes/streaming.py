@@ -50,6 +50,7 @@ class _ChoiceState:
     relayed: int = 0  # chunks sent to the client from the current attempt
     completion_tokens: int = 0
     finished: bool = False
+    offset: int = -1  # legacy logprobs' text offset so far; -1 before the first event
 
 
 class _Relay:
@@ -72,9 +73,9 @@ class _Relay:
             sub,
         )
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.states = {entry_id: _ChoiceState() for entry_id in sub.ids}
+        self.n = sub.shape.n
+        self.states = {(i, c): _ChoiceState() for i in sub.ids for c in range(self.n)}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        self.with_ids = req.return_token_ids
         for entry_id in sub.ids:
             services.router.expect_stream(entry_id, self.queue)
 
@@ -84,6 +85,7 @@ class _Relay:
             "object": self.fmt.chunk_object,
             "created": self.sub.created,
             "model": self.name,
+            "system_fingerprint": self.sub.fingerprint,
             "choices": choices,
             **extra,
         }
@@ -129,7 +131,7 @@ class _Relay:
 
     def _relay(self, chunk: GenerationChunk) -> tuple[bytes, bool]:
         """The event for one chunk (maybe none) and whether the stream must end in error."""
-        state = self.states[chunk.id]
+        state = self.states[(chunk.id, chunk.choice)]
         verdict = _follow(state, chunk)
         if verdict == "skip":
             return b"", False
@@ -139,16 +141,20 @@ class _Relay:
         state.completion_tokens = chunk.completion_tokens
         if chunk.finish_reason:
             state.finished = True
-            self.services.router.answered(chunk.id)
+            if all(self.states[(chunk.id, c)].finished for c in range(self.n)):
+                self.services.router.answered(chunk.id)
         if not chunk.text and not chunk.finish_reason:
             return b"", False
-        first = state.relayed == 1
-        choice = self.fmt.event_choice(self.sub.ids.index(chunk.id), chunk, self.with_ids, first)
+        prompt = self.sub.ids.index(chunk.id)
+        index = prompt * self.n + chunk.choice
+        choice, state.offset = self.fmt.event_choice(
+            index, chunk, self.sub.shape, prompt, state.offset
+        )
         return self._data([choice]), False
 
     def close(self) -> None:
         """However the stream ended: stop listening, and cancel what still generates."""
-        unfinished = [i for i, s in self.states.items() if not s.finished]
+        unfinished = list({i for (i, _), s in self.states.items() if not s.finished})
         self.services.router.forget(self.sub.ids)
         self.services.canceller.cancel(self.name, unfinished, self.sub.entries.deadline_ms)
 

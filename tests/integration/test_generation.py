@@ -216,11 +216,11 @@ def test_a_client_that_disconnects_mid_stream_frees_its_slot(served) -> None:
     [
         ({"prompt": "x " * 600, "max_tokens": 500}, 400, r"\d+ tokens and max_tokens is 500"),
         ({"prompt": [5] * 1020, "max_tokens": 10}, 400, r"context of 1024"),
-        ({"prompt": "hi", "n": 2}, 422, "n"),
+        ({"prompt": "hi", "n": 17}, 422, "n"),
         ({"prompt": "hi", "temperature": -1}, 422, "temperature"),
         ({"prompt": "hi", "top_p": 0}, 422, "top_p"),
         ({"prompt": "hi", "max_tokens": 0}, 422, "max_tokens"),
-        ({"prompt": "hi", "logprobs": 3}, 422, "logprobs"),
+        ({"prompt": "hi", "logprobs": 21}, 422, "logprobs"),
         ({"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4"),
         ({"prompt": ""}, 400, "empty"),
         ({"prompt": []}, 400, "empty"),

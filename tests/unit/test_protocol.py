@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 from common.protocol import (
     MAX_MESSAGE_BYTES,
+    VERSION,
     DeadLetter,
     EmbeddingResult,
     ErrorReply,
     GenerateEntry,
+    GenerationChunk,
     ModelInfo,
     ProtocolError,
     RequestEntry,
+    Scores,
     decode,
     encode,
     pack_tokens,
@@ -115,7 +118,7 @@ GOOD = {"t": "req", **_fields(entry())}
         (raw({**GOOD, "model": ["a", "b"]}), "req.model"),
         (raw("a string"), "not a map"),
         (raw({**GOOD, "t": "nope"}), "unknown message tag"),
-        (raw({**GOOD, "v": 2}), "unsupported req version"),
+        (raw({**GOOD, "v": VERSION + 1}), "unsupported req version"),
         ({k: v for k, v in GOOD.items() if k != "model"}, "missing fields"),
         (raw({**GOOD, "extra": 1}), "unknown"),
         (raw({**GOOD, "deadline_ms": "soon"}), "req.deadline_ms"),
@@ -156,7 +159,7 @@ def test_random_bytes_never_raise_anything_but_protocol_error(data: bytes) -> No
 
 GEN = {
     "t": "genreq",
-    "v": 1,
+    "v": VERSION,
     "id": "g.0",
     "request_id": "r",
     "model": "tiny",
@@ -181,6 +184,11 @@ GEN = {
     "ignore_eos": False,
     "top_k": 40,
     "min_p": 0.05,
+    "n": 3,
+    "logprobs": 5,
+    "prompt_logprobs": 5,
+    "response_format": "json_schema",
+    "json_schema": '{"type": "object"}',
 }
 
 
@@ -212,3 +220,57 @@ def test_a_generate_entry_round_trips_with_its_stop_list_and_stream_flag() -> No
 def test_a_malformed_generate_entry_is_rejected(change: dict, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
         decode(raw({**GEN, **change}))
+
+
+def _chunk(**fields) -> GenerationChunk:
+    base = dict(
+        id="g.0",
+        attempt="w:1-0:0",
+        index=0,
+        text="hi",
+        tokens=pack_tokens([7, 8]),
+        finish_reason="",
+        prompt_tokens=3,
+        completion_tokens=2,
+        queue_ms=0.0,
+        worker="w",
+    )
+    return GenerationChunk(**{**base, **fields})
+
+
+def test_a_chunk_carries_its_tokens_scores_and_its_prompts() -> None:
+    scores = Scores(
+        np.asarray([-0.5, -1.5], "<f4"),
+        np.asarray([[7, 1], [8, 2]], "<u4"),
+        np.asarray([[-0.5, -2.0], [-1.5, -3.0]], "<f4"),
+    )
+    prompt = Scores(
+        np.asarray([np.nan, -4.0, -2.0], "<f4"),
+        np.zeros((3, 1), "<u4"),
+        np.asarray([[np.nan], [-1.0], [-0.1]], "<f4"),
+    )
+    chunk = _chunk(
+        choice=2, **scores.pack(), **{f"prompt_{k}": v for k, v in prompt.pack().items()}
+    )
+    back = decode(encode(chunk))
+    assert isinstance(back, GenerationChunk) and back.choice == 2
+    got = back.scores()
+    assert got is not None and got.top_ids.tolist() == [[7, 1], [8, 2]]
+    assert got.top_logprobs.tolist() == [[-0.5, -2.0], [-1.5, -3.0]]
+    got_prompt = back.prompt_scores()
+    assert got_prompt is not None and np.isnan(got_prompt.logprobs[0])
+    assert got_prompt.logprobs[1:].tolist() == [-4.0, -2.0]
+    assert _chunk().scores() is None and _chunk().prompt_scores() is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"logprobs": b"\x00" * 4}, "one float32 per token"),  # 1 score, 2 tokens
+        ({"logprobs": b"\x00" * 8, "top_ids": b"\x00" * 8}, "top_ids"),  # no values
+        ({"prompt_logprobs": b"\x00" * 5}, "prompt_logprobs"),
+    ],
+)
+def test_scores_that_do_not_fit_their_tokens_are_refused(fields: dict, why: str) -> None:
+    with pytest.raises(ProtocolError, match=why):
+        decode(encode(_chunk(**fields)))

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.protocol import Scores
+from worker.generate.logprobs import prompt_scores, token_scores
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
 
@@ -31,6 +33,18 @@ class Admission:
     key: int
     tokens: np.ndarray
     sampling: Sampling
+    logprobs: int = -1  # alternatives to report per generated token; -1: no scores
+    prompt_logprobs: int = -1  # the same for its prompt tokens (needs every position's logits)
+    same_as: int | None = None  # a newcomer of this step with the same tokens: share its prefill
+
+
+@dataclass(frozen=True, slots=True)
+class Picked:
+    """What one step gave one sequence: its next token, and the scores it asked for."""
+
+    token: int
+    scores: Scores | None = None
+    prompt: Scores | None = None  # its prompt's, from the prefill that admitted it
 
 
 @dataclass(slots=True)
@@ -40,6 +54,7 @@ class _Row:
     length: int  # tokens in the cache
     last: int  # the newest token, not yet in the cache: the next decode input
     sampling: Sampling
+    logprobs: int
 
 
 class SlotCache:
@@ -117,15 +132,24 @@ class GenerationEngine:
                 self._remove_row(index)
 
     @torch.inference_mode()
-    def step(self, newcomers: Sequence[Admission]) -> dict[int, int]:
+    def step(self, newcomers: Sequence[Admission]) -> dict[int, Picked]:
         """Decode one token for every running sequence, then prefill the newcomers, those of
-        similar length together; returns each sequence's new token."""
-        new_tokens = self._decode() if self._rows else {}
-        for group in prefill_groups([len(a.tokens) for a in newcomers]):
-            new_tokens.update(self._prefill([newcomers[i] for i in group]))
-        return new_tokens
+        similar length together (one prefill per prompt its `same_as` copies share)."""
+        picked = self._decode() if self._rows else {}
+        copies: dict[int, list[Admission]] = {}
+        for a in newcomers:
+            if a.same_as is not None:
+                copies.setdefault(a.same_as, []).append(a)
+        sources = [a for a in newcomers if a.same_as is None]
+        for a in sources:
+            if a.prompt_logprobs >= 0:  # scored alone: its prefill keeps every position
+                picked.update(self._prefill([a], copies, every_position=True))
+        plain = [a for a in sources if a.prompt_logprobs < 0]
+        for group in prefill_groups([len(a.tokens) for a in plain]):
+            picked.update(self._prefill([plain[i] for i in group], copies))
+        return picked
 
-    def _decode(self) -> dict[int, int]:
+    def _decode(self) -> dict[int, Picked]:
         self._ensure_room(rows=len(self._rows), left=0)
         cache, rows = self._cache, self._rows
         cache.rows = len(rows)
@@ -134,15 +158,23 @@ class GenerationEngine:
         mask = (columns[None, :] >= starts[:, None])[:, None, None, :]
         input_ids = torch.tensor([[row.last] for row in rows], device=self.device)
         positions = torch.tensor([[row.length] for row in rows], device=self.device)
-        logits = self._forward(input_ids, mask, positions, cache)
+        logits = self._forward(input_ids, mask, positions, cache)[:, -1]
         cache.col += 1
         tokens = sample(logits, [row.sampling for row in rows])
+        scores = token_scores(logits, tokens, [row.logprobs for row in rows])
         for row, token in zip(rows, tokens, strict=True):
             row.length += 1
             row.last = token
-        return {row.key: token for row, token in zip(rows, tokens, strict=True)}
+        return {
+            row.key: Picked(token, s) for row, token, s in zip(rows, tokens, scores, strict=True)
+        }
 
-    def _prefill(self, group: Sequence[Admission]) -> dict[int, int]:
+    def _prefill(
+        self,
+        group: Sequence[Admission],
+        copies: dict[int, list[Admission]],
+        every_position: bool = False,
+    ) -> dict[int, Picked]:
         lengths = [len(a.tokens) for a in group]
         width = max(lengths)
         pads = torch.tensor([width - n for n in lengths], device=self.device)
@@ -156,31 +188,49 @@ class GenerationEngine:
         diagonal = torch.eye(width, dtype=torch.bool, device=self.device)[None]
         mask = ((causal & real) | diagonal)[:, None]  # padding queries see themselves: no NaN
         cache = PrefillCache()
-        logits = self._forward(ids.to(self.device), mask, positions, cache)
-        tokens = sample(logits, [a.sampling for a in group])
-        self._ensure_room(rows=len(self._rows) + len(group), left=width)
-        col = self._cache.col
-        for i, (a, n) in enumerate(zip(group, lengths, strict=True)):
-            r = len(self._rows)
-            for layer in range(self._n_layers):
-                self._cache.keys[layer][r, :, col - n : col] = cache.keys[layer][i, :, width - n :]
-                self._cache.values[layer][r, :, col - n : col] = cache.values[layer][
-                    i, :, width - n :
-                ]
-            self._rows.append(_Row(a.key, col - n, n, tokens[i], a.sampling))
+        keep = 0 if every_position else 1  # 0: transformers keeps every position's logits
+        logits = self._forward(ids.to(self.device), mask, positions, cache, keep)
+        members = [(b, i) for i, a in enumerate(group) for b in (a, *copies.get(a.key, ()))]
+        last = logits[[i for _, i in members], -1]
+        tokens = sample(last, [b.sampling for b, _ in members])
+        scores = token_scores(last, tokens, [b.logprobs for b, _ in members])
+        prompts = [
+            prompt_scores(logits[i, width - n :], a.tokens, a.prompt_logprobs)
+            if every_position
+            else None
+            for i, (a, n) in enumerate(zip(group, lengths, strict=True))
+        ]
+        self._ensure_room(rows=len(self._rows) + len(members), left=width)
+        picked = {}
+        for (b, i), token, s in zip(members, tokens, scores, strict=True):
+            self._add_row(b, token, cache, i, lengths[i], width)
+            picked[b.key] = Picked(token, s, prompts[i])
         self._cache.lo = min(row.start for row in self._rows)
-        return {a.key: t for a, t in zip(group, tokens, strict=True)}
+        return picked
 
-    def _forward(self, ids, mask, positions, cache) -> torch.Tensor:
+    def _add_row(
+        self, a: Admission, token: int, prefill: PrefillCache, i: int, n: int, width: int
+    ) -> None:
+        """Copy row `i` of a prefill (its last `n` columns) into a new cache row."""
+        r, col = len(self._rows), self._cache.col
+        for layer in range(self._n_layers):
+            self._cache.keys[layer][r, :, col - n : col] = prefill.keys[layer][i, :, width - n :]
+            self._cache.values[layer][r, :, col - n : col] = prefill.values[layer][
+                i, :, width - n :
+            ]
+        self._rows.append(_Row(a.key, col - n, n, token, a.sampling, a.logprobs))
+
+    def _forward(self, ids, mask, positions, cache, keep: int = 1) -> torch.Tensor:
+        """The model's logits (B, positions kept, V) in float32."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             cache=cache,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
         )
-        return out.logits[:, -1, :]
+        return out.logits
 
     # ---- row buffers ----------------------------------------------------------------------
 

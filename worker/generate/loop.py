@@ -19,9 +19,9 @@ from collections.abc import Callable
 from common import metrics
 from common.settings import Settings
 from worker.compute_threads import ComputeThreads
-from worker.generate.engine import Admission, GenerationEngine
+from worker.generate.engine import Admission, GenerationEngine, Picked
 from worker.generate.scheduler import EngineLimits, plan_step
-from worker.generate.sequence import Sequence
+from worker.generate.sequence import Family, Sequence
 from worker.intake import Held, Intake, wall_ms
 from worker.replies import Done, Reply
 
@@ -78,11 +78,21 @@ class GenerationLoop:
         )
 
     def hold(self, held: Held) -> None:
-        key = next(self._keys)
-        attempt = f"{self._intake.name}:{held.entry_id}:{key}"
-        self._waiting[key] = Sequence.start(
-            held, next(self._order), self._tokenizer, attempt, self._engine.eos_ids
-        )
+        """One sequence per choice the entry asks for, siblings of one family."""
+        n = getattr(held.entry, "n", 1)
+        keys = [next(self._keys) for _ in range(n)]
+        family = Family(keys, left=n)
+        for choice, key in enumerate(keys):
+            attempt = f"{self._intake.name}:{held.entry_id}:{key}"
+            self._waiting[key] = Sequence.start(
+                held,
+                next(self._order),
+                self._tokenizer,
+                attempt,
+                self._engine.eos_ids,
+                family,
+                choice,
+            )
 
     def live_limits(self, overrides: dict[str, str]) -> None:
         """Live settings tune embedding batches; a generation worker has none to apply."""
@@ -128,10 +138,12 @@ class GenerationLoop:
     async def _step(
         self, loop: asyncio.AbstractEventLoop, admitted: list[tuple[int, Sequence]]
     ) -> None:
-        newcomers = [Admission(key, seq.tokens(), seq.sampling) for key, seq in admitted]
+        newcomers = _admissions(admitted)
         retire, self._retire = self._retire, []
+        prefilled = sum(len(a.tokens) for a in newcomers if a.same_as is None)
+        metrics.prefill_tokens_total.labels(self._model).inc(prefilled)
 
-        def work() -> dict[int, int]:
+        def work() -> dict[int, Picked]:
             self._engine.retire(retire)
             return self._engine.step(newcomers)
 
@@ -145,23 +157,26 @@ class GenerationLoop:
         metrics.batch_size.labels(self._model, "decode").observe(len(new_tokens))
         self._after_step(new_tokens)
 
-    def _after_step(self, new_tokens: dict[int, int]) -> None:
+    def _after_step(self, new_tokens: dict[int, Picked]) -> None:
         now_s = time.monotonic()
         replies: list[Reply] = []
         done: list[Done] = []
-        for key, token in new_tokens.items():
+        for key, picked in new_tokens.items():
             seq = self._running.get(key)
             if seq is None:
                 continue
             self._observe_token(seq, now_s)
-            text, finish = seq.advance(token, self._engine.context)
+            text, finish = seq.advance(picked, self._engine.context)
             chunk = seq.chunk(text, finish, self._intake.name)
             if chunk is not None:
                 replies.append(chunk)
             if finish:
                 del self._running[key]
                 self._retire.append(key)
-                done.append((seq.held.stream, seq.held.entry_id))
+                seq.family.left -= 1
+                if not seq.family.left:  # the last choice: the entry is answered
+                    seq.family.ended = True
+                    done.append((seq.held.stream, seq.held.entry_id))
         metrics.generated_tokens_total.labels(self._model).inc(len(new_tokens))
         metrics.running_sequences.labels(self._model).set(len(self._running))
         metrics.kv_cache_usage_ratio.labels(self._model).set(
@@ -196,6 +211,9 @@ class GenerationLoop:
                 seq = table.pop(key)
                 if table is self._running:
                     self._retire.append(key)
+                if seq.family.ended:
+                    continue  # a sibling already answered for the entry
+                seq.family.ended = True
                 done.append((seq.held.stream, seq.held.entry_id))
                 metrics.cancelled_total.inc()
                 if seq.entry.id not in cancelled:
@@ -207,3 +225,22 @@ class GenerationLoop:
 
     async def finish(self) -> None:
         """Steps run inline in `run`: nothing computes once it has returned."""
+
+
+def _admissions(admitted: list[tuple[int, Sequence]]) -> list[Admission]:
+    """What the engine prefills; fresh siblings joining together share one prefill."""
+    sources: dict[int, int] = {}  # id(family) -> the key whose prefill siblings share
+    out = []
+    for key, seq in admitted:
+        same_as = sources.setdefault(id(seq.family), key) if seq.fresh else key
+        out.append(
+            Admission(
+                key,
+                seq.tokens(),
+                seq.sampling,
+                logprobs=seq.entry.logprobs,
+                prompt_logprobs=seq.prompt_logprobs(),
+                same_as=None if same_as == key else same_as,
+            )
+        )
+    return out

@@ -44,14 +44,15 @@ class Sampling:
             self.generator.seed()
 
     @classmethod
-    def of(cls, entry: GenerateEntry, eos_ids: set[int]) -> Sampling:
-        """The options an entry carries; `eos_ids` are what min_tokens holds back."""
+    def of(cls, entry: GenerateEntry, eos_ids: set[int], choice: int = 0) -> Sampling:
+        """The options an entry carries; `eos_ids` are what min_tokens holds back. Choice c
+        of a seeded entry draws from seed + c (as vLLM), so the whole set is reproducible."""
         bias_ids, biases = entry.logit_bias()
         early = set(entry.stop_ids().tolist()) | (set() if entry.ignore_eos else eos_ids)
         return cls(
             entry.temperature,
             entry.top_p,
-            entry.seed,
+            entry.seed + choice if entry.seed >= 0 else -1,
             top_k=entry.top_k,
             min_p=entry.min_p,
             presence_penalty=entry.presence_penalty,

@@ -27,6 +27,7 @@ class SeqView:
     length: int  # tokens it holds in the KV cache (running) or must prefill (waiting)
     priority: int
     order: int  # arrival order; a preempted sequence keeps its own, so it rejoins first
+    shares: int | None = None  # a sibling whose prefill it shares when both join at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +75,16 @@ def plan_step(
     queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
     for seq in queue:
         idle = not lengths
+        prefill = 1 if seq.shares in admit else seq.length  # a shared prefill costs once
         if len(lengths) + 1 > limits.max_running:
             break
-        if not idle and step_tokens + seq.length > limits.step_tokens:
+        if not idle and step_tokens + prefill > limits.step_tokens:
             break
         if not idle and kv_usage([*lengths, seq.length]) > limits.kv_tokens:
             break
         admit.append(seq.key)
         lengths.append(seq.length)
-        step_tokens += seq.length
+        step_tokens += prefill
     return StepPlan((), tuple(admit))
 
 

@@ -1,8 +1,9 @@
-"""`Sequence`: one prompt being generated here, from admission to its final answer.
+"""`Sequence`: one choice of one prompt being generated here, from admission to its answer.
 
 It turns each new token into released text (detokenized, stop sequences held back) and a
-finish reason, and packs what it has to say into a `GenerationChunk`: pure bookkeeping, no
-engine, no Redis.
+finish reason, keeps the scores asked for, and packs what it has to say into a
+`GenerationChunk`: pure bookkeeping, no engine, no Redis. An entry asking for `n` choices
+becomes `n` sequences of one `Family`, which is answered (acked) when the last one ends.
 """
 
 from __future__ import annotations
@@ -11,12 +12,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.protocol import GenerateEntry, GenerationChunk, encode, pack_tokens
+from common.protocol import GenerateEntry, GenerationChunk, Scores, encode, pack_tokens
 from worker.generate.detokenize import IncrementalDetokenizer, StopMatcher
+from worker.generate.engine import Picked
+from worker.generate.logprobs import concat
 from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
 from worker.intake import Held
 from worker.replies import Reply
+
+
+@dataclass(slots=True)
+class Family:
+    """The `n` choices of one entry: answered once, when the last of them ends."""
+
+    keys: list[int]  # the sequences' keys, choice order
+    left: int  # choices still generating
+    ended: bool = False  # answered or dropped: nothing more is sent for the entry
+    prompt: Scores | None = None  # the prompt's scores, once a prefill computed them
 
 
 @dataclass(slots=True)
@@ -27,16 +40,26 @@ class Sequence:
     detokenizer: IncrementalDetokenizer
     stopper: StopMatcher
     attempt: str  # names this try, so a gateway tells a restart from a duplicate
+    family: Family
+    choice: int = 0
     ends: frozenset[int] = frozenset()  # tokens that end it: EOS (unless ignored), stop ids
     generated: list[int] = field(default_factory=list)
-    unsent: list[int] = field(default_factory=list)  # tokens not yet in a chunk
+    scores: list[Scores] = field(default_factory=list)  # per generated token, when asked
+    sent: int = 0  # generated tokens already in a chunk
     chunks: int = 0
     queue_ms: float = -1.0  # set when first scheduled
     last_token_s: float | None = None
 
     @classmethod
     def start(
-        cls, held: Held, order: int, tokenizer: object, attempt: str, eos_ids: set[int]
+        cls,
+        held: Held,
+        order: int,
+        tokenizer: object,
+        attempt: str,
+        eos_ids: set[int],
+        family: Family,
+        choice: int = 0,
     ) -> Sequence:
         entry = held.entry
         if not isinstance(entry, GenerateEntry):
@@ -45,10 +68,12 @@ class Sequence:
         return cls(
             held=held,
             order=order,
-            sampling=Sampling.of(entry, eos_ids),
+            sampling=Sampling.of(entry, eos_ids, choice),
             detokenizer=IncrementalDetokenizer(tokenizer, entry.token_ids()),
             stopper=StopMatcher(entry.stop),
             attempt=attempt,
+            family=family,
+            choice=choice,
             ends=stop_ids if entry.ignore_eos else stop_ids | eos_ids,
         )
 
@@ -58,19 +83,37 @@ class Sequence:
 
     def view(self, key: int) -> SeqView:
         """Its length counts the newest token too: one more than its cache holds, a bound."""
+        first = self.family.keys[0]
+        shares = first if key != first and not self.generated else None
         return SeqView(
-            key, self.entry.n_tokens + len(self.generated), self.entry.priority, self.order
+            key, self.entry.n_tokens + len(self.generated), self.entry.priority, self.order, shares
         )
+
+    @property
+    def fresh(self) -> bool:
+        """Nothing generated yet: its prefill is its prompt's, shareable with its siblings."""
+        return not self.generated
+
+    def prompt_logprobs(self) -> int:
+        """Alternatives per prompt token to compute at its prefill: only until computed once."""
+        return self.entry.prompt_logprobs if self.family.prompt is None else -1
 
     def tokens(self) -> np.ndarray:
         """The prompt and everything generated: what a preempted one re-prefills."""
         return np.concatenate([self.entry.token_ids(), np.asarray(self.generated, "<u4")])
 
-    def advance(self, token: int, context: int) -> tuple[str, str]:
+    def advance(self, picked: Picked, context: int) -> tuple[str, str]:
         """Take one token: the text it releases and the finish reason ("" while going on).
-        An ending token (EOS, a stop id) adds no text."""
+        An ending token (EOS, a stop id) adds no text. With `max_tokens` 0 (scoring a
+        prompt) the prefill's token is not taken: it ends at once."""
+        if picked.prompt is not None:
+            self.family.prompt = picked.prompt
+        if self.entry.max_tokens == 0:
+            return "", "length"
+        token = picked.token
         self.generated.append(token)
-        self.unsent.append(token)
+        if picked.scores is not None:
+            self.scores.append(picked.scores)
         if token in self.ends:
             return self.stopper.add(self.detokenizer.flush())[0] + self.stopper.finish(), "stop"
         text, hit = self.stopper.add(self.detokenizer.add(token))
@@ -90,11 +133,12 @@ class Sequence:
         if not entry.stream:
             if not finish:
                 return None
-            text, tokens = self.stopper.text, self.generated
+            text = self.stopper.text
         elif not text and not finish:
             return None  # nothing to show yet: the tokens ride with the next chunk
-        else:
-            tokens = self.unsent
+        tokens = self.generated[self.sent :]
+        scores = self.scores[self.sent :]
+        prompt = self.family.prompt if self.chunks == 0 else None
         chunk = GenerationChunk(
             id=entry.id,
             attempt=self.attempt,
@@ -106,7 +150,10 @@ class Sequence:
             completion_tokens=len(self.generated),
             queue_ms=self.queue_ms,
             worker=worker,
+            choice=self.choice,
+            **(concat(scores).pack() if scores else {}),
+            **({f"prompt_{k}": v for k, v in prompt.pack().items()} if prompt else {}),
         )
         self.chunks += 1
-        self.unsent = []
+        self.sent = len(self.generated)
         return entry.reply_to, encode(chunk)

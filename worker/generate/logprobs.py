@@ -1,0 +1,69 @@
+"""Log probabilities as clients ask for them: of each chosen token, and of its k likeliest
+alternatives, for generated tokens and (with `echo`) for the prompt.
+
+Values are the model's raw distribution: log-softmax of its logits in float32, before
+logit_bias, penalties, temperature or top-k/top-p (vLLM's default, `raw_logprobs`). So a
+token's log probability equals a plain transformers forward's `log_softmax`, whatever the
+sampling options, and a scoring client (lm-evaluation-harness) gets the model's own numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from common.protocol import Scores
+
+
+def token_scores(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[Scores | None]:
+    """Per row of `logits` (R, V): the chosen token's scores with `ks[r]` alternatives, or
+    None where the row's sequence asked for none (k < 0)."""
+    wanted = [r for r, k in enumerate(ks) if k >= 0]
+    out: list[Scores | None] = [None] * len(ks)
+    if not wanted:
+        return out
+    logprobs = torch.log_softmax(logits[wanted].float(), -1)
+    chosen = logprobs.gather(1, torch.tensor([tokens[r] for r in wanted])[:, None])[:, 0]
+    k_max = max(ks[r] for r in wanted)
+    top = logprobs.topk(k_max, -1) if k_max else None
+    for j, r in enumerate(wanted):
+        k = ks[r]
+        out[r] = Scores(
+            chosen[j : j + 1].numpy().astype("<f4"),
+            _top(top.indices[j : j + 1, :k] if top is not None else None, 1, "<u4"),
+            _top(top.values[j : j + 1, :k] if top is not None else None, 1, "<f4"),
+        )
+    return out
+
+
+def prompt_scores(logits: torch.Tensor, prompt: np.ndarray, k: int) -> Scores:
+    """Scores of a prompt's tokens from its prefill's logits (T, V): token i is scored by
+    position i-1's distribution; the first has none (NaN, shown as null)."""
+    logprobs = torch.log_softmax(logits[:-1].float(), -1)
+    following = torch.from_numpy(prompt[1:].astype(np.int64))
+    chosen = torch.cat([torch.tensor([float("nan")]), logprobs.gather(1, following[:, None])[:, 0]])
+    if not k:
+        return Scores(
+            chosen.numpy().astype("<f4"),
+            _top(None, len(prompt), "<u4"),
+            _top(None, len(prompt), "<f4"),
+        )
+    top = logprobs.topk(k, -1)
+    values = torch.cat([torch.full((1, k), float("nan")), top.values])  # the first: none
+    indices = torch.cat([torch.zeros((1, k), dtype=torch.long), top.indices])
+    return Scores(chosen.numpy().astype("<f4"), _top(indices, 0, "<u4"), _top(values, 0, "<f4"))
+
+
+def _top(values: torch.Tensor | None, rows: int, dtype: str) -> np.ndarray:
+    if values is None:
+        return np.zeros((rows, 0), dtype)
+    return values.numpy().astype(dtype)
+
+
+def concat(parts: list[Scores]) -> Scores:
+    """Several runs' scores as one, in order (all with the same k)."""
+    return Scores(
+        np.concatenate([p.logprobs for p in parts]),
+        np.concatenate([p.top_ids for p in parts]),
+        np.concatenate([p.top_logprobs for p in parts]),
+    )
