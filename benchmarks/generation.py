@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -180,7 +182,9 @@ async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, in
     return first - (t0 + at), tokens
 
 
-def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
+@contextlib.contextmanager
+def microbatch_server(path: Path, log_dir: Path) -> Iterator[str]:
+    """redis-server, one worker and one gateway serving `path`; yields the gateway's URL."""
     import httpx
 
     from tests.conftest import free_port  # the suite's helper, not a test dependency
@@ -194,20 +198,8 @@ def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
         "MICROBATCH_MODEL": str(path),
         "MICROBATCH_PORT": str(http_port),
     }
-    procs = [
-        subprocess.Popen(
-            [
-                shutil.which("redis-server"),
-                "--port",
-                str(redis_port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-    ]
+    redis = [shutil.which("redis-server"), "--port", str(redis_port), "--save", ""]
+    procs = [subprocess.Popen([*redis, "--appendonly", "no"], stdout=subprocess.DEVNULL)]
     for role in ("worker", "gateway"):
         log = (log_dir / f"{role}.log").open("wb")
         procs.append(
@@ -228,6 +220,17 @@ def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
+        yield base
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            proc.wait(30)
+
+
+def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
+    import httpx
+
+    with microbatch_server(path, log_dir) as base:
 
         async def run() -> tuple[list, float, float]:
             async with httpx.AsyncClient(base_url=base, timeout=1200) as client:
@@ -238,10 +241,6 @@ def arm_microbatch(path: Path, arrivals, prompts, new, log_dir: Path) -> dict:
                 return out, t0, time.perf_counter()
 
         out, t0, end = asyncio.run(run())
-    finally:
-        for proc in reversed(procs):
-            proc.terminate()
-            proc.wait(30)
     return summary("(a) microbatch", sum(t for _, t in out), end - t0, [f for f, _ in out])
 
 
