@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
@@ -31,6 +31,32 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's `response_format.json_schema`: the schema the answer must follow."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: StrictStr = Field(max_length=64)
+    description: StrictStr | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`text` (no constraint), `json_object` (any JSON object) or `json_schema`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
 
 
 class GenerationParams(BaseModel):
@@ -71,6 +97,9 @@ class GenerationParams(BaseModel):
     ignore_eos: bool = Field(default=False, description="Generate to max_tokens past EOS")
     top_k: StrictInt = Field(default=-1, ge=-1, description="-1 or 0: every token")
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
+    response_format: ResponseFormat | None = Field(
+        default=None, description="JSON output: any object, or one JSON schema (enforced)"
+    )
 
     @property
     def candidates(self) -> int:
@@ -160,7 +189,6 @@ class ChatCompletionRequest(GenerationParams):
     )
     tools: None = None
     tool_choice: None = None
-    response_format: None = None
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:

@@ -9,13 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import orjson
 
 from common.errors import InvalidRequest
 from common.protocol import pack_tokens
+from common.structure import StructureError, grammar
 from gateway.schemas import GenerationParams
 
 MAX_LOGIT_BIAS = 1024
 BIAS_LIMIT = 100.0
+MAX_SCHEMA_BYTES = 64 * 1024
 
 
 def sampling_fields(req: GenerationParams, vocab_size: int) -> dict[str, Any]:
@@ -35,7 +38,31 @@ def sampling_fields(req: GenerationParams, vocab_size: int) -> dict[str, Any]:
         "ignore_eos": req.ignore_eos,
         "top_k": max(0, req.top_k),  # -1 and 0 both mean every token
         "min_p": float(req.min_p),
+        **_structure(req),
     }
+
+
+def _structure(req: GenerationParams) -> dict[str, str]:
+    """The response format as the entry carries it, checked by the grammar library itself."""
+    fmt = req.response_format
+    if fmt is None or fmt.type == "text":
+        return {}
+    schema = orjson.dumps(fmt.json_schema.schema_).decode() if fmt.json_schema else ""
+    if len(schema) > MAX_SCHEMA_BYTES:
+        raise InvalidRequest(
+            f"the JSON schema has {len(schema)} bytes; at most {MAX_SCHEMA_BYTES}",
+            param="response_format",
+        )
+    for option, value in (("ignore_eos", req.ignore_eos), ("min_tokens", req.min_tokens)):
+        if value:  # the answer ends when its JSON does: neither could be honoured
+            raise InvalidRequest(f"{option} cannot be combined with response_format", param=option)
+    try:
+        grammar(fmt.type, schema)
+    except StructureError as exc:
+        raise InvalidRequest(
+            f"response_format: the schema cannot be enforced: {exc}", param="response_format"
+        ) from None
+    return {"response_format": fmt.type, "json_schema": schema}
 
 
 def check_min_tokens(req: GenerationParams, new_tokens: list[int]) -> None:

@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable
 
 from common import metrics
+from common.protocol import GenerateEntry
 from common.settings import Settings
+from common.structure import StructureError
 from worker.compute_threads import ComputeThreads
 from worker.generate.engine import Admission, GenerationEngine, Picked
 from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
+from worker.generate.structure import Constraint, Grammars
 from worker.intake import Held, Intake, wall_ms
 from worker.replies import Done, Reply
 
@@ -52,6 +55,7 @@ class GenerationLoop:
         self._keys = itertools.count()
         self._order = itertools.count()
         self._retire: list[int] = []  # rows to free before the next step
+        self._grammars: Grammars | None = None  # built at the first structured request
         self._step_started_s: float | None = None  # set while a step computes
         self.steps_run = 0
         self.batches_run = 0
@@ -78,11 +82,19 @@ class GenerationLoop:
         )
 
     def hold(self, held: Held) -> None:
-        """One sequence per choice the entry asks for, siblings of one family."""
-        n = getattr(held.entry, "n", 1)
+        """One sequence per choice the entry asks for, siblings of one family; an entry whose
+        response format cannot be compiled is answered 400 at once."""
+        entry = held.entry
+        n = entry.n if isinstance(entry, GenerateEntry) else 1
+        try:
+            constraints = [self._constraint(entry) for _ in range(n)]
+        except StructureError as exc:
+            error = self._intake.error(entry, 400, "invalid_request", f"response_format: {exc}")
+            self._intake.publish_soon([error], [(held.stream, held.entry_id)], ordered=True)
+            return
         keys = [next(self._keys) for _ in range(n)]
         family = Family(keys, left=n)
-        for choice, key in enumerate(keys):
+        for choice, (key, constraint) in enumerate(zip(keys, constraints, strict=True)):
             attempt = f"{self._intake.name}:{held.entry_id}:{key}"
             self._waiting[key] = Sequence.start(
                 held,
@@ -92,7 +104,19 @@ class GenerationLoop:
                 self._engine.eos_ids,
                 family,
                 choice,
+                constraint,
             )
+
+    def _constraint(self, entry: object) -> Constraint | None:
+        if not isinstance(entry, GenerateEntry) or not entry.response_format:
+            return None
+        if self._grammars is None:
+            self._grammars = Grammars(
+                self._tokenizer.to_str(),  # type: ignore[attr-defined]
+                self._engine.vocab_size,
+                self._engine.eos_ids,
+            )
+        return self._grammars.constraint(entry.response_format, entry.json_schema)
 
     def live_limits(self, overrides: dict[str, str]) -> None:
         """Live settings tune embedding batches; a generation worker has none to apply."""

@@ -1,9 +1,10 @@
 """`Sampling`: how one sequence picks its next token, and `sample` for a whole step.
 
-The logits of a row go through the sequence's own processors in vLLM's order (logit_bias,
-min_tokens, repetition penalty, frequency and presence penalties), then greedy argmax at
-temperature 0, else temperature, top_k, top_p and min_p before a draw from the row's own
-generator, so a seeded sequence draws the same whatever shares its batch. Penalties count
+The logits of a row go through the sequence's own processors: its grammar's mask (structured
+output), then in vLLM's order logit_bias, min_tokens, repetition penalty, frequency and
+presence penalties; then greedy argmax at temperature 0, else temperature, top_k, top_p and
+min_p before a draw from the row's own generator, so a seeded sequence draws the same
+whatever shares its batch. Penalties count
 what the sequence generated, kept here, so a preempted sequence resumes with them intact.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from common.protocol import GenerateEntry
+from worker.generate.structure import Constraint
 
 
 @dataclass(slots=True)
@@ -32,6 +34,7 @@ class Sampling:
     min_tokens: int = 0
     banned_early: torch.Tensor | None = None  # EOS (unless ignored) and stop ids
     prompt_ids: torch.Tensor | None = None  # distinct prompt ids, for the repetition penalty
+    constraint: Constraint | None = None  # response_format's grammar, masked in first
     counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
     generated: int = 0
     generator: torch.Generator = field(init=False)
@@ -44,7 +47,13 @@ class Sampling:
             self.generator.seed()
 
     @classmethod
-    def of(cls, entry: GenerateEntry, eos_ids: set[int], choice: int = 0) -> Sampling:
+    def of(
+        cls,
+        entry: GenerateEntry,
+        eos_ids: set[int],
+        choice: int = 0,
+        constraint: Constraint | None = None,
+    ) -> Sampling:
         """The options an entry carries; `eos_ids` are what min_tokens holds back. Choice c
         of a seeded entry draws from seed + c (as vLLM), so the whole set is reproducible."""
         bias_ids, biases = entry.logit_bias()
@@ -64,13 +73,15 @@ class Sampling:
             prompt_ids=_ids(np.unique(entry.token_ids()))
             if entry.repetition_penalty != 1.0
             else None,
+            constraint=constraint,
         )
 
     @property
     def adjusts(self) -> bool:
         """Whether any processor changes this row's logits."""
         return bool(
-            self.bias is not None
+            self.constraint is not None
+            or self.bias is not None
             or (self.banned_early is not None and self.generated < self.min_tokens)
             or self.repetition_penalty != 1.0
             or (self.counts and (self.presence_penalty or self.frequency_penalty))
@@ -78,6 +89,8 @@ class Sampling:
 
     def adjust(self, row: torch.Tensor) -> None:
         """Apply the processors to one row of float32 logits, in place."""
+        if self.constraint is not None:
+            self.constraint.mask(row)
         if self.bias is not None:
             row.index_add_(0, *self.bias)
         if self.banned_early is not None and self.generated < self.min_tokens:
@@ -109,6 +122,8 @@ class Sampling:
 
     def took(self, token: int) -> None:
         self.generated += 1
+        if self.constraint is not None:
+            self.constraint.accept(token)
         if self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0:
             self.counts[token] = self.counts.get(token, 0) + 1
 

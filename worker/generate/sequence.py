@@ -8,6 +8,7 @@ becomes `n` sequences of one `Family`, which is answered (acked) when the last o
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,8 +19,11 @@ from worker.generate.engine import Picked
 from worker.generate.logprobs import concat
 from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
+from worker.generate.structure import Constraint
 from worker.intake import Held
 from worker.replies import Reply
+
+log = logging.getLogger("microbatch.worker")
 
 
 @dataclass(slots=True)
@@ -60,6 +64,7 @@ class Sequence:
         eos_ids: set[int],
         family: Family,
         choice: int = 0,
+        constraint: Constraint | None = None,
     ) -> Sequence:
         entry = held.entry
         if not isinstance(entry, GenerateEntry):
@@ -68,7 +73,7 @@ class Sequence:
         return cls(
             held=held,
             order=order,
-            sampling=Sampling.of(entry, eos_ids, choice),
+            sampling=Sampling.of(entry, eos_ids, choice, constraint),
             detokenizer=IncrementalDetokenizer(tokenizer, entry.token_ids()),
             stopper=StopMatcher(entry.stop),
             attempt=attempt,
@@ -119,6 +124,12 @@ class Sequence:
         text, hit = self.stopper.add(self.detokenizer.add(token))
         if hit:
             return text, "stop"
+        constraint = self.sampling.constraint
+        if constraint is not None and (constraint.complete or constraint.failed):
+            if constraint.failed:
+                log.error("grammar matcher failed on %s: %s", self.entry.id, constraint.failed)
+            flushed = self.stopper.add(self.detokenizer.flush())[0]
+            return text + flushed + self.stopper.finish(), "stop"
         entry = self.entry
         at_limit = len(self.generated) >= entry.max_tokens
         if at_limit or entry.n_tokens + len(self.generated) >= context:

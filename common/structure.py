@@ -1,0 +1,36 @@
+"""Structured output: a `response_format` as the grammar llguidance enforces token by token.
+
+llguidance (MIT, no dependencies) was chosen after measuring it against xgrammar and
+outlines-core on this CPU (docs/api.md): it builds from the tokenizer.json text alone,
+compiles a schema in about a millisecond, and its matchers never raise mid-generation. The
+gateway checks a schema here (a 400 before anything is queued); the worker compiles it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llguidance import LLMatcher
+
+JSON_OBJECT = "json_object"
+JSON_SCHEMA = "json_schema"
+# JSON as models write it (newlines and indentation between tokens), each run bounded so
+# that a model cannot stall in whitespace forever.
+WHITESPACE = r"[\n\t ]{0,16}"
+
+
+class StructureError(ValueError):
+    """A schema llguidance cannot enforce; the message says why."""
+
+
+def grammar(kind: str, schema_text: str) -> str:
+    """The llguidance grammar of a response format: any JSON object, or one schema."""
+    schema: Any = {"type": "object"} if kind == JSON_OBJECT else json.loads(schema_text)
+    if not isinstance(schema, dict):
+        raise StructureError("the schema must be a JSON object")
+    text = LLMatcher.grammar_from_json_schema(schema, overrides={"whitespace_pattern": WHITESPACE})
+    error = LLMatcher.validate_grammar(text)
+    if error:
+        raise StructureError(error)
+    return text
