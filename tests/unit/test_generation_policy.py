@@ -35,6 +35,21 @@ def test_an_idle_engine_admits_one_sequence_even_past_the_step_budget() -> None:
     assert plan_step([], [seq(1, 500), seq(2, 5)], LIMITS).admit == (1,)
 
 
+def test_choices_of_one_prompt_join_together_on_one_prefill() -> None:
+    """Siblings share the first one's prefill, so they cost the step budget nothing more,
+    even when the first fills it (an idle engine admits past the budget)."""
+    siblings = [
+        seq(1, 90),
+        SeqView(2, 90, PRIORITY_BATCH, 2, 1),
+        SeqView(3, 90, PRIORITY_BATCH, 3, 1),
+    ]
+    assert plan_step([seq(0, 5)], siblings, LIMITS).admit == (1, 2, 3)
+    big = [seq(1, 500), SeqView(2, 500, PRIORITY_BATCH, 2, 1)]
+    assert plan_step([], big, LIMITS).admit == (1, 2)
+    alone = SeqView(2, 99, PRIORITY_BATCH, 2, 1)  # its sibling already runs: a prefill of its own
+    assert plan_step([seq(0, 5), seq(1, 91)], [alone], LIMITS).admit == ()
+
+
 def test_the_running_limit_caps_admission() -> None:
     running = [seq(i, 5) for i in range(3)]
     assert plan_step(running, [seq(7, 5), seq(8, 5)], LIMITS).admit == (7,)

@@ -75,10 +75,10 @@ def plan_step(
     queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
     for seq in queue:
         idle = not lengths
-        prefill = 1 if seq.shares in admit else seq.length  # a shared prefill costs once
+        prefill = 0 if seq.shares in admit else seq.length  # a shared prefill costs once
         if len(lengths) + 1 > limits.max_running:
             break
-        if not idle and step_tokens + prefill > limits.step_tokens:
+        if not idle and prefill and step_tokens + prefill > limits.step_tokens:
             break
         if not idle and kv_usage([*lengths, seq.length]) > limits.kv_tokens:
             break
