@@ -229,3 +229,28 @@ def test_impossible_scoring_options_get_a_clear_4xx(server, route, body, says) -
     assert response.status_code == 422, response.text
     error = response.json()["error"]
     assert says in error["message"] or says in (error.get("param") or ""), error
+
+
+def test_openais_client_reads_logprobs_echo_and_choices(server) -> None:
+    from openai import OpenAI
+
+    base, _ = server
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    scored = client.completions.create(
+        model=model, prompt=[PROMPT], max_tokens=1, echo=True, logprobs=1, temperature=0
+    )
+    logprobs = scored.choices[0].logprobs
+    assert logprobs is not None and logprobs.token_logprobs is not None
+    assert len(logprobs.token_logprobs) == len(PROMPT) + 1 and logprobs.token_logprobs[0] is None
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "kalo"}],
+        max_tokens=3,
+        n=2,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [c.index for c in chat.choices] == [0, 1]
+    content = chat.choices[1].logprobs.content
+    assert content and len(content[0].top_logprobs) == 2

@@ -146,3 +146,24 @@ def test_formats_that_cannot_be_enforced_get_a_clear_4xx(
     assert answer.status_code == status, answer.text
     error = answer.json()["error"]
     assert says in error["message"] or says == error.get("param"), error
+
+
+def test_openais_client_parses_a_pydantic_model_out_of_the_answer(base: str) -> None:
+    from typing import Annotated, Literal
+
+    from openai import OpenAI
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: Annotated[str, Field(max_length=12)]
+        age: Annotated[int, Field(ge=0, le=150)]
+        role: Literal["admin", "user", "guest"]
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    completion = client.chat.completions.parse(
+        model=model, messages=MESSAGES, response_format=Person, max_tokens=300, seed=5
+    )
+    person = completion.choices[0].message.parsed
+    assert isinstance(person, Person) and 0 <= person.age <= 150
+    assert completion.system_fingerprint and completion.system_fingerprint.startswith("fp_")
