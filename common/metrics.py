@@ -73,6 +73,10 @@ dead_letter_depth = Gauge(
     "microbatch_dead_letter_depth", "Entries in the dead-letter stream", ["model"]
 )
 workers = Gauge("microbatch_workers", "Workers whose consume loop beat recently", ["model"])
+worker_loop_beat_timestamp_seconds = Gauge(
+    "microbatch_worker_loop_beat_timestamp_seconds",
+    "Unix time the worker's consume loop last beat; the worker's /healthz fails when it is old",
+)
 device_utilization = Gauge(
     "microbatch_device_utilization", "Share of the device busy: GPU via NVML, else process CPU"
 )

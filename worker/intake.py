@@ -247,6 +247,7 @@ class Intake:
         if now - self._last_beat_s < self.settings.heartbeat_interval_ms / 1000:
             return
         self._last_beat_s = now
+        metrics.worker_loop_beat_timestamp_seconds.set_to_current_time()  # /healthz reads it
         metrics.device_utilization.set(self._utilization.sample())
         try:
             self.loop.live_limits(await streams.live_batching(self.store, self.keys, self.model))

@@ -135,9 +135,10 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     setup_logging(settings.log_level, settings.log_format)
 
     if settings.metrics_port is not None:
-        from prometheus_client import start_http_server
+        from worker import health
 
-        start_http_server(settings.metrics_port, addr=settings.host)
+        stale_after_s = health.stale_after_s(settings.heartbeat_interval_ms)
+        health.serve(settings.metrics_port, settings.host, stale_after_s)
 
     async def main() -> None:
         from worker.main import run_worker
