@@ -63,7 +63,8 @@ def check(now_s: float, last_beat_s: float | None, stale_after_s: float) -> Heal
 
 def last_beat_s() -> float | None:
     """The loop's last beat from its gauge; None while it has never beaten (the gauge is 0)."""
-    value = metrics.worker_loop_beat_timestamp_seconds.collect()[0].samples[0].value
+    (metric,) = metrics.worker_loop_beat_timestamp_seconds.collect()
+    value = metric.samples[0].value
     return value or None
 
 
@@ -77,9 +78,11 @@ def app(
     clock: Callable[[], float] = time.time,
 ) -> WsgiApp:
     """`/healthz` from `check`; every other path is prometheus_client's metrics app."""
-    serve_metrics = make_wsgi_app(registry)
+    serve_metrics: WsgiApp = make_wsgi_app(registry)
 
-    def health_or_metrics(environ: dict[str, Any], start_response: Callable[..., Any]):
+    def health_or_metrics(
+        environ: dict[str, Any], start_response: Callable[..., Any]
+    ) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != "/healthz":
             return serve_metrics(environ, start_response)
         health = check(clock(), last_beat(), stale_after_s)
