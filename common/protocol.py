@@ -16,13 +16,14 @@ from typing import ClassVar, Literal
 import msgpack
 import numpy as np
 
-VERSION = 2  # 2: logprobs, n choices, structured output, fingerprints
+VERSION = 3  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
 
 Kind = Literal["embed"]
 MAX_STOP_SEQUENCES = 4
+MAX_LABELS = 1024  # a classifier's labels: the longest list a message may carry
 
 
 class ProtocolError(ValueError):
@@ -232,6 +233,13 @@ class ModelInfo:
     eos_token: str
     aliases: list[str]  # other names clients may use for it (served_model_name), at most 4
     fingerprint: str = ""  # changes when the weights, config or serving code change
+    labels: list[str] = dataclasses.field(default_factory=list)  # a classifier's, by id
+    activation: str = ""  # a classifier's default score function: sigmoid, softmax, identity
+    normalized: bool = False  # an embedding model whose own modules L2-normalize its vectors
+    matryoshka: bool = False  # trained so a vector's first dimensions are an embedding too
+    matryoshka_dims: list[int] = dataclasses.field(default_factory=list)  # [] with it: any
+    prompts: dict[str, str] = dataclasses.field(default_factory=dict)  # sentence-transformers'
+    default_prompt: str = ""  # the prompt name used when a request names none
     v: int = VERSION
 
 
@@ -259,7 +267,8 @@ _CLASSES: dict[str, type[Message]] = {
 
 
 def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
-    """isinstance() targets per field; a `list[str]` field is checked as list, then its items."""
+    """isinstance() targets per field; a `list[X]` field is checked as list, then its items
+    as X; a `dict[str, str]` as dict, then its keys and values as str."""
     hints = typing.get_type_hints(cls)
     allowed: dict[str, tuple[type, ...]] = {}
     for field in dataclasses.fields(cls):
@@ -267,17 +276,28 @@ def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
         if hint is float:
             allowed[field.name] = (float, int)
         elif typing.get_origin(hint) is list:
-            allowed[field.name] = (list,)
+            allowed[field.name] = (list, typing.get_args(hint)[0])
+        elif typing.get_origin(hint) is dict:
+            allowed[field.name] = (dict, str)
         else:
             allowed[field.name] = (hint,)
     return allowed
 
 
 def _check_field(tag: str, name: str, value: object, allowed: tuple[type, ...]) -> None:
+    if allowed[0] in (list, dict):
+        container, item = allowed
+        if not isinstance(value, list | dict) or not isinstance(value, container):
+            raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+        items = [*value, *value.values()] if isinstance(value, dict) else value
+        if not all(isinstance(i, item) and not isinstance(i, bool) for i in items):
+            raise ProtocolError(f"{tag}.{name}: items must be {_NAMES.get(item, item.__name__)}")
+        return
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
-    if isinstance(value, list) and not all(isinstance(item, str) for item in value):
-        raise ProtocolError(f"{tag}.{name}: items must be strings")
+
+
+_NAMES = {str: "strings", int: "integers"}
 
 
 _SCHEMAS = {tag: _field_types(cls) for tag, cls in _CLASSES.items()}
@@ -304,7 +324,7 @@ def decode(data: bytes) -> Message:
             strict_map_key=True,
             max_str_len=MAX_MESSAGE_BYTES,
             max_bin_len=MAX_MESSAGE_BYTES,
-            max_array_len=MAX_STOP_SEQUENCES,  # flat maps; the arrays: stop lists, aliases
+            max_array_len=MAX_LABELS,  # flat maps; the arrays: stop lists, aliases, labels
             max_map_len=48,
             max_ext_len=0,
         )
@@ -342,6 +362,8 @@ def _build(body: object) -> Message:
 
 
 def _check_generation_lists(entry: GenerateEntry) -> None:
+    if len(entry.stop) > MAX_STOP_SEQUENCES:
+        raise ProtocolError(f"genreq.stop: more than {MAX_STOP_SEQUENCES} sequences")
     if len(entry.stop_token_ids) % 4 or len(entry.bias_tokens) % 4:
         raise ProtocolError("genreq: stop_token_ids and bias_tokens must be uint32 lists")
     if len(entry.bias_values) != len(entry.bias_tokens):

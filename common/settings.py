@@ -94,6 +94,13 @@ class Settings(BaseSettings):
     max_step_tokens: int = Field(default=512, gt=0)
     kv_cache_tokens: int = Field(default=32_768, gt=0)  # padded KV positions, all sequences
     cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
+    # Embedding models: serve `dimensions` (matryoshka: the first d dimensions, renormalized)
+    # below the model's own; None: only where its config.json declares matryoshka training
+    # (`matryoshka_dimensions` or `is_matryoshka`). A model not trained so gives poor vectors.
+    matryoshka: bool | None = None
+    # The sentence-transformers prompt (config_sentence_transformers.json `prompts`) put before
+    # every input that names none; None: the model's own `default_prompt_name`, if any.
+    default_prompt_name: str | None = None
     noop_dim: int = Field(default=384, gt=0)
     noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
     # Fault-test seams of the noop model: a row with this token fails; a batch with it crashes.

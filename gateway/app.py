@@ -22,7 +22,7 @@ from common.store import Store
 from common.tasks import spawn_supervised
 from gateway.hot_path import GatewayApp
 from gateway.request import error_response, validation_error
-from gateway.routes import chat, completions, embeddings, ops, tokens
+from gateway.routes import chat, classify, completions, embeddings, ops, rerank, tei, tokens
 from gateway.services import Services
 
 # The API's POST routes, served on the hot path: (path, handler, OpenAPI body, summary)
@@ -52,6 +52,19 @@ HOT_ROUTES = (
         "Token ids of a prompt or of chat messages (vLLM's shape)",
     ),
     (tokens.DETOKENIZE, tokens.detokenize, tokens.DETOKENIZE_SCHEMA, "Text of token ids"),
+    (rerank.V1, rerank.rerank_v1, rerank.SCHEMA, "Rerank documents (Jina's and vLLM's shape)"),
+    (rerank.V2, rerank.rerank_v2, rerank.SCHEMA, "Rerank documents (Cohere's v2 shape)"),
+    (
+        rerank.BOTH,
+        rerank.rerank,
+        rerank.SCHEMA,
+        "Rerank: `documents` in Jina's shape, `texts` in TEI's (answered as TEI answers)",
+    ),
+    (classify.CLASSIFY, classify.classify, classify.CLASSIFY_SCHEMA, "Classify (vLLM's shape)"),
+    (classify.PREDICT, classify.predict, classify.PREDICT_SCHEMA, "Classify (TEI's shape)"),
+    (tei.EMBED, tei.embed, tei.EMBED_SCHEMA, "Embeddings (TEI's shape)"),
+    (tei.DECODE, tei.decode, tei.DECODE_SCHEMA, "Text of token ids (TEI's shape)"),
+    (tei.ROOT, tei.root, tei.EMBED_SCHEMA, "TEI's root: /embed or /predict by the model's kind"),
 )
 
 

@@ -145,6 +145,23 @@ async def model_entry(services: Services, name: str) -> ModelEntry:
     return entry
 
 
+def default_name(services: Services, kind: str | None) -> str:
+    """The model a call that names none means: the gateway's default model, unless it is of
+    another kind and exactly one served model is of this one (TEI's routes name no model)."""
+    default = services.settings.served_name
+    models = services.catalog.models
+    if kind is None or (default in models and models[default].info.kind == kind):
+        return default
+    of_kind = sorted({e.info.name for e in models.values() if e.info.kind == kind})
+    if len(of_kind) > 1:
+        raise InvalidRequest(
+            f"no model named, and {len(of_kind)} {kind} models are served here "
+            f"({', '.join(of_kind)}): name one with `model`",
+            param="model",
+        )
+    return of_kind[0] if of_kind else default
+
+
 @dataclass(frozen=True, slots=True)
 class Parsed:
     """What `parse_call` read: the services, the validated body and the model it names."""
@@ -167,7 +184,7 @@ async def parse_call(
         body = schema.model_validate_json(await request.body())
     except ValidationError as exc:
         raise validation_error(exc) from None
-    name = body.model or services.settings.served_name  # type: ignore[attr-defined]
+    name = body.model or default_name(services, kind)  # type: ignore[attr-defined]
     model = await model_entry(services, name)
     call.label = name
     if kind is not None and model.info.kind != kind:
@@ -186,6 +203,7 @@ async def token_lists(
     field: str = "input",
     truncate: bool = False,
     check: bool = True,
+    direction: str = "right",
 ) -> list[np.ndarray]:
     """Token ids per item of an `input` or `prompt`: a string, strings, a token list or token
     lists. `check` refuses an item over the model's limit (a prompt is checked by its caller,
@@ -198,6 +216,6 @@ async def token_lists(
     if len(data) > limit:
         raise InvalidRequest(f"{field} has {len(data)} items; the limit is {limit}", param=field)
     if isinstance(data[0], str):
-        return await services.tokenize.encode(model.tokenizer, data, truncate, check)
+        return await services.tokenize.encode(model.tokenizer, data, truncate, check, direction)
     lists = [data] if isinstance(data[0], int) else data
-    return model.tokenizer.check_token_lists(lists, truncate, check)
+    return model.tokenizer.check_token_lists(lists, truncate, check, direction)

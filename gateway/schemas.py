@@ -25,6 +25,14 @@ class EmbeddingRequest(BaseModel):
     )
     dimensions: StrictInt | None = Field(default=None, gt=0)
     user: StrictStr | None = None
+    # beyond OpenAI, as TEI and vLLM take them
+    normalize: bool | None = Field(
+        default=None, description="L2-normalize; default: as the model does, or with dimensions"
+    )
+    truncation_direction: Literal["left", "right"] = "right"
+    prompt_name: StrictStr | None = Field(
+        default=None, description="A prompt from the model's sentence-transformers config"
+    )
 
 
 class StreamOptions(BaseModel):

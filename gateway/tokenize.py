@@ -23,20 +23,33 @@ class ModelTokenizer:
         self._plain = Tokenizer.from_str(tokenizer_json)
         self._plain.no_padding()
         self._plain.no_truncation()
-        self._truncating = Tokenizer.from_str(tokenizer_json)
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(max_length=max_tokens)
+        self._json = tokenizer_json
+        self._truncating: dict[str, Tokenizer] = {}  # by direction, made when first asked
         self._pieces: dict[int, str] = {}
 
+    def _cutting(self, direction: str, strategy: str = "longest_first") -> Tokenizer:
+        """A tokenizer that cuts to the limit from the `direction` end ("right": the end);
+        a pair's second text only with strategy "only_second"."""
+        key = f"{direction}/{strategy}"
+        tokenizer = self._truncating.get(key)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._json)
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(
+                max_length=self.max_tokens, direction=direction, strategy=strategy
+            )
+            self._truncating[key] = tokenizer
+        return tokenizer
+
     def encode_texts(
-        self, texts: Sequence[str], truncate: bool, check: bool = True
+        self, texts: Sequence[str], truncate: bool, check: bool = True, direction: str = "right"
     ) -> list[np.ndarray]:
         """Token ids per text; `check` refuses one over the limit (a prompt is checked by its
         caller against the context, together with the tokens it asks for)."""
         for i, text in enumerate(texts):
             if not text:
                 raise InvalidRequest(f"input[{i}] is an empty string", param=f"input[{i}]")
-        tokenizer = self._truncating if truncate else self._plain
+        tokenizer = self._cutting(direction) if truncate else self._plain
         encoded = (
             tokenizer.encode_batch_fast(list(texts))
             if len(texts) > 1
@@ -46,6 +59,45 @@ class ModelTokenizer:
         if check:
             self._check_lengths(out)
         return out
+
+    def encode_pairs(
+        self,
+        items: Sequence[str | tuple[str, str]],
+        truncate: bool,
+        field: str = "documents",
+        direction: str = "right",
+    ) -> list[np.ndarray]:
+        """One row per text or (text, text) pair, a pair joined as the model's tokenizer
+        joins one ([CLS] q [SEP] d [SEP]); `truncate` cuts a pair's second text only, never
+        the first (a reranker's query)."""
+        for i, item in enumerate(items):
+            for part in (item,) if isinstance(item, str) else item:
+                if not part:
+                    raise InvalidRequest(f"{field}[{i}] is an empty string", param=f"{field}[{i}]")
+        try:
+            tokenizer = self._cutting(direction, "only_second") if truncate else self._plain
+            encoded = tokenizer.encode_batch(list(items))
+        except Exception as exc:  # a pair's first text alone is over the limit
+            raise InputTooLong(
+                f"a query leaves no room for its document within {self.max_tokens} tokens ({exc})",
+                param="query",
+            ) from None
+        out = [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
+        for i, ids in enumerate(out):
+            if len(ids) > self.max_tokens:
+                raise InputTooLong(
+                    f"{field}[{i}] is {len(ids)} tokens with its query; the limit for this "
+                    f"model is {self.max_tokens} (set truncate: true to cut it)",
+                    param=f"{field}[{i}]",
+                )
+        return out
+
+    def cut(self, text: str, max_tokens: int) -> str:
+        """`text` up to its first `max_tokens` tokens (Cohere's `max_tokens_per_doc`)."""
+        encoding = self._plain.encode(text, add_special_tokens=False)
+        if len(encoding.ids) <= max_tokens:
+            return text
+        return text[: encoding.offsets[max_tokens - 1][1]]
 
     def encode_plain(self, text: str) -> np.ndarray:
         """A rendered chat prompt: its template already wrote every special token."""
@@ -59,6 +111,10 @@ class ModelTokenizer:
         """Ids back to text, special tokens included (`/detokenize`)."""
         self.check_in_vocab(ids, "tokens")
         return self._plain.decode(list(ids), skip_special_tokens=False)
+
+    def decode_text(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        """Ids back to text (TEI's `/decode`), special tokens dropped unless kept."""
+        return self._plain.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def piece(self, token: int) -> str:
         """One token as text, the way vLLM shows it in log probabilities: decoded alone, so a
@@ -76,13 +132,19 @@ class ModelTokenizer:
             )
 
     def check_token_lists(
-        self, lists: Sequence[Sequence[int]], truncate: bool, check: bool = True
+        self,
+        lists: Sequence[Sequence[int]],
+        truncate: bool,
+        check: bool = True,
+        direction: str = "right",
     ) -> list[np.ndarray]:
         out = []
         for i, ids in enumerate(lists):
             if not ids:
                 raise InvalidRequest(f"input[{i}] is an empty token list", param=f"input[{i}]")
-            array = np.asarray(ids[: self.max_tokens] if truncate else ids, dtype=np.uint32)
+            if truncate and len(ids) > self.max_tokens:
+                ids = ids[-self.max_tokens :] if direction == "left" else ids[: self.max_tokens]
+            array = np.asarray(ids, dtype=np.uint32)
             if self.vocab_size and int(array.max()) >= self.vocab_size:
                 raise InvalidRequest(
                     f"input[{i}]: token id {int(array.max())} is outside the vocabulary "
@@ -112,14 +174,15 @@ class TokenizePool:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
 
     async def encode(
-        self, tokenizer: ModelTokenizer, texts: Sequence[str], truncate: bool, check: bool = True
+        self,
+        tokenizer: ModelTokenizer,
+        texts: Sequence[str],
+        truncate: bool,
+        check: bool = True,
+        direction: str = "right",
     ) -> list[np.ndarray]:
-        if sum(len(t) for t in texts) <= self._inline_chars:
-            return tokenizer.encode_texts(texts, truncate, check)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, tokenizer.encode_texts, texts, truncate, check
-        )
+        chars = sum(len(t) for t in texts)
+        return await self.run(chars, tokenizer.encode_texts, texts, truncate, check, direction)
 
     async def run(self, chars: int, fn, *args):
         """`fn(*args)` inline when `chars` is small, else on the pool."""

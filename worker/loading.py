@@ -1,7 +1,8 @@
 """`load_model`: the model `settings.model` names, loaded as its kind and backend run it.
 
 An encoder becomes an embedding runner (torch, ONNX Runtime, both with `auto`, or `noop`); a
-causal LM becomes a generation engine. Blocking: reads files and weights, off the event loop.
+sequence classifier (a cross-encoder) a classifier runner (torch); a causal LM a generation
+engine. Blocking: reads files and weights, off the event loop.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class LoadedModel:
     files: ModelFiles
     runner: Runner | GenerationEngine
     max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
-    kind: str = "embedding"  # or "causal-lm"
+    kind: str = "embedding"  # or "classifier", "causal-lm"
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -37,6 +38,13 @@ def load_model(settings: Settings) -> LoadedModel:
             files.path, device=settings.device, threads=settings.torch_threads
         )
         return LoadedModel(files, engine, engine.context, "causal-lm")
+    if files.classifier and settings.model != NOOP_MODEL:
+        return LoadedModel(
+            files,
+            classifier_runner(settings, files),
+            min(files.max_tokens, settings.max_tokens),
+            "classifier",
+        )
     if settings.model == NOOP_MODEL:
         runner: Runner = NoopRunner(
             settings.noop_dim,
@@ -68,6 +76,19 @@ def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
     )
     engines = {"torch": _torch_runner(settings, files), "onnx": _onnx_runner(settings, files)}
     return HybridRunner.calibrated(engines, at)
+
+
+def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
+    """A classifier runs on torch, eager (`torchscript` and `auto` only choose speed, never
+    the answer); backend onnx is refused, never silently served as something else."""
+    if settings.backend == "onnx":
+        raise RuntimeError(
+            f"{files.name} is a sequence classifier; backend onnx serves embedding models "
+            "only: run it with --backend torch"
+        )
+    from worker.embed.runners.classifier_runner import ClassifierRunner
+
+    return ClassifierRunner(files, device=settings.device, threads=settings.torch_threads)
 
 
 def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:

@@ -52,6 +52,9 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         eos_token=model.files.eos_token,
         aliases=settings.served_model_name[1:],
         fingerprint=model.files.fingerprint(f"microbatch {_version()} {settings.backend}"),
+        labels=list(model.files.labels) if model.kind == "classifier" else [],
+        activation=model.files.activation if model.kind == "classifier" else "",
+        **embedding_options(settings, model),
     )
     await streams.register_model(
         store,
@@ -61,6 +64,31 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         model.files.tokenizer_sha256,
         model.files.tokenizer_json,
     )
+
+
+def embedding_options(settings: Settings, model: LoadedModel) -> dict:
+    """What an embedding model lets a request choose: dimensions, normalization, prompts."""
+    if model.kind != "embedding":
+        return {}
+    files = model.files
+    prompts = dict(files.prompts)
+    default = (
+        files.default_prompt_name
+        if settings.default_prompt_name is None
+        else settings.default_prompt_name
+    )
+    if default and default not in prompts:
+        raise ValueError(
+            f"default_prompt_name {default!r} is not among the model's prompts {sorted(prompts)}"
+        )
+    matryoshka = files.matryoshka if settings.matryoshka is None else settings.matryoshka
+    return {
+        "normalized": files.pooling.normalize,
+        "matryoshka": matryoshka,
+        "matryoshka_dims": list(files.matryoshka_dims) if matryoshka else [],
+        "prompts": prompts,
+        "default_prompt": default,
+    }
 
 
 def build_consumer(

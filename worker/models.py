@@ -32,6 +32,13 @@ class ModelFiles:
     dim: int
     pooling: Pooling
     causal_lm: bool  # a text generator (…ForCausalLM), served by the generation engine
+    classifier: bool = False  # …ForSequenceClassification: a cross-encoder or a classifier
+    labels: tuple[str, ...] = ()  # a classifier's label names, by id
+    activation: str = ""  # a classifier's default score function: sigmoid, softmax, identity
+    prompts: tuple[tuple[str, str], ...] = ()  # sentence-transformers' named prompts
+    default_prompt_name: str = ""
+    matryoshka: bool = False  # its config declares matryoshka training
+    matryoshka_dims: tuple[int, ...] = ()  # the dimensions it was trained for; () any
     chat_template: str = ""
     bos_token: str = ""
     eos_token: str = ""
@@ -106,6 +113,9 @@ def describe(name: str) -> ModelFiles:
     path = resolve_path(name)
     config = _read_json(path / "config.json")
     tok_config = _read_json(path / "tokenizer_config.json")
+    st_config = _read_json(path / "config_sentence_transformers.json")
+    prompts = st_config.get("prompts") or {}
+    dims = config.get("matryoshka_dimensions") or []
     limits = [config.get("max_position_embeddings", 512), tok_config.get("model_max_length", 10**9)]
     return ModelFiles(
         name=name,
@@ -116,6 +126,13 @@ def describe(name: str) -> ModelFiles:
         dim=int(config.get("hidden_size", 0)),
         pooling=read_pooling(path),
         causal_lm=is_causal_lm(config),
+        classifier=is_classifier(config),
+        labels=read_labels(config) if is_classifier(config) else (),
+        activation=read_activation(config) if is_classifier(config) else "",
+        prompts=tuple((str(k), str(v)) for k, v in prompts.items() if isinstance(v, str)),
+        default_prompt_name=str(st_config.get("default_prompt_name") or ""),
+        matryoshka=bool(config.get("is_matryoshka") or dims),
+        matryoshka_dims=tuple(int(d) for d in dims),
         chat_template=read_chat_template(path, tok_config),
         bos_token=_token_text(tok_config.get("bos_token")),
         eos_token=_token_text(tok_config.get("eos_token")),
@@ -147,3 +164,36 @@ def is_causal_lm(config: dict) -> bool:
     """What transformers' AutoModelForCausalLM would load, judged from config.json alone."""
     architectures = config.get("architectures") or []
     return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures)
+
+
+def is_classifier(config: dict) -> bool:
+    """A cross-encoder or a classifier (…ForSequenceClassification): it scores text, it does
+    not embed it; pooling its encoder would be a wrong answer, not an error."""
+    architectures = config.get("architectures") or []
+    return any(a.endswith("ForSequenceClassification") for a in architectures)
+
+
+def read_labels(config: dict) -> tuple[str, ...]:
+    """Label names by id, as `id2label` gives them (transformers writes LABEL_i by default)."""
+    id2label = config.get("id2label") or {}
+    count = int(config.get("num_labels") or len(id2label) or 1)
+    return tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(count))
+
+
+ACTIVATIONS = {"sigmoid": "sigmoid", "identity": "identity", "softmax": "softmax"}
+
+
+def read_activation(config: dict) -> str:
+    """The score function sentence-transformers' CrossEncoder applies to this model.
+
+    Its config names one (`sentence_transformers.activation_fn`, or the older
+    `sbert_ce_default_activation_function`); without one, sigmoid for a single label and
+    softmax over several (CrossEncoder's `apply_softmax`, what TEI and vLLM return)."""
+    named = (config.get("sentence_transformers") or {}).get("activation_fn") or config.get(
+        "sbert_ce_default_activation_function"
+    )
+    if isinstance(named, str):
+        last = named.rsplit(".", 1)[-1].lower()
+        if last in ACTIVATIONS:
+            return ACTIVATIONS[last]
+    return "sigmoid" if len(read_labels(config)) == 1 else "softmax"

@@ -213,6 +213,12 @@ def tune(
 
 def tiny_model(
     path: Annotated[Path, typer.Argument(help="Folder to write the model into")],
+    kind: Annotated[
+        str, typer.Option(help="causal-lm, cross-encoder (a reranker) or classifier")
+    ] = "causal-lm",
+    labels: Annotated[str, typer.Option(help="classifier: its labels, comma-separated")] = (
+        "negative,neutral,positive"
+    ),
     layers: int = 2,
     hidden: int = 64,
     heads: int = 4,
@@ -222,11 +228,21 @@ def tiny_model(
     max_positions: int = 1024,
     seed: int = 0,
 ) -> None:
-    """Write a small random-weight Llama causal LM (safetensors + tokenizer), fixed seed.
+    """Write a small random-weight model (safetensors + a real tokenizer), fixed seed: a Llama
+    causal LM, or a BERT cross-encoder or classifier (--kind).
 
     The SmolLM2-135M shape: --layers 30 --hidden 576 --heads 9 --kv-heads 3
     --intermediate 1536 --vocab-size 49152 --max-positions 2048.
     """
+    if kind in ("cross-encoder", "classifier"):
+        from worker.embed.tiny_classifier import write_tiny_classifier
+
+        names = tuple(n.strip() for n in labels.split(",") if n.strip())
+        write_tiny_classifier(path, names if kind == "classifier" else (), seed=seed)
+        typer.echo(f"wrote a random-weight {kind} to {path}: serve it with --model {path}")
+        return
+    if kind != "causal-lm":
+        raise typer.BadParameter(f"--kind {kind!r}: causal-lm, cross-encoder or classifier")
     from worker.generate.tiny_model import TinyShape, write_tiny_model
 
     shape = TinyShape(layers, hidden, heads, kv_heads, intermediate, vocab_size, max_positions)

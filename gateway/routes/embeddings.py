@@ -1,22 +1,24 @@
 """`POST /v1/embeddings`: OpenAI-compatible embeddings, one queue entry per input.
 
-Each input is tokenized here, queued on its model's length-bucket stream, and answered by
-whichever worker batches it; the answer's headers say how it was batched.
+Each input is tokenized here (after its prompt, if any), queued on its model's length-bucket
+stream, and answered by whichever worker batches it; `dimensions` and `normalize` are applied
+to the answers here. The answer's headers say how it was batched.
 """
 
 from __future__ import annotations
 
 import base64
 
-import orjson
+import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
 from common.errors import InvalidRequest
-from common.protocol import EmbeddingResult, RequestEntry, encode, pack_tokens
-from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of, token_lists
+from common.protocol import ModelInfo
+from gateway.request import Call, Parsed, api_call, parse_call, token_lists
+from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
 from gateway.schemas import EmbeddingRequest, openapi_body
-from gateway.submit import Entries, admit_or_refuse, now_ms, submit
+from gateway.scores import shorten
 
 ROUTE = "/v1/embeddings"
 SCHEMA = openapi_body(EmbeddingRequest)
@@ -28,66 +30,83 @@ async def embeddings(request: Request) -> Response:
 
 async def _embed(request: Request, call: Call) -> Response:
     parsed = await parse_call(request, call, EmbeddingRequest, "embedding", "/v1/completions")
-    services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
-    if req.dimensions is not None and req.dimensions != model.info.dim:
-        raise InvalidRequest(
-            f"dimensions {req.dimensions} is not supported; {name} gives {model.info.dim}",
-            param="dimensions",
-        )
-    request_id = call.request_id or ""
-    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
-    inputs = await token_lists(services, model, req.input, truncate=req.truncate)
-    priority = priority_of(request)
-    admit_or_refuse(services, model, len(inputs), timeout_ms)
-    start_ms = now_ms()
-    base = services.next_id()
-    items, ids = [], []
-    for i, tokens in enumerate(inputs):
-        entry = RequestEntry(
-            id=f"{base}.{i}",
-            request_id=request_id,
-            model=model.info.name,
-            kind="embed",
-            tokens=pack_tokens(tokens),
-            deadline_ms=start_ms + timeout_ms,
-            priority=priority,
-            reply_to=services.router.stream,
-            enqueued_ms=start_ms,
-        )
-        items.append((services.request_stream(model.info.name, len(tokens)), encode(entry)))
-        ids.append(entry.id)
-    entries = Entries(model.info.name, items, ids, start_ms + timeout_ms, timeout_ms)
-    replies: list[EmbeddingResult] = await submit(services, request, entries)  # type: ignore[assignment]
-    body = _body(req, name, replies)
-    return Response(body, 200, _tuning_headers(request_id, replies), media_type="application/json")
-
-
-def _body(req: EmbeddingRequest, model: str, replies: list[EmbeddingResult]) -> bytes:
+    req, info = parsed.body, parsed.model.info
+    dimensions, normalize = vector_options(info, req.dimensions, req.normalize)
+    rows = await embedding_rows(
+        parsed, req.input, req.prompt_name, req.truncate, req.truncation_direction
+    )
+    replies = await run_rows(request, call, parsed, rows)
+    out = shorten(vectors(replies), dimensions, normalize)
     data = []
-    for i, reply in enumerate(replies):
+    for i, vector in enumerate(out):
         value = (
-            base64.b64encode(reply.embedding).decode()
+            base64.b64encode(vector.tobytes()).decode()
             if req.encoding_format == "base64"
-            else reply.vector()
+            else vector
         )
         data.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = sum(r.n_tokens for r in replies)
+    tokens = tokens_of(replies)
     body = {
         "object": "list",
         "data": data,
-        "model": model,
+        "model": parsed.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+    return json_response(body, call, replies)
 
 
-def _tuning_headers(request_id: str, replies: list[EmbeddingResult]) -> dict[str, str]:
-    return {
-        "X-Request-ID": request_id,
-        "X-Microbatch-Batch-Size": str(max(r.batch_size for r in replies)),
-        "X-Microbatch-Bucket": str(max(r.bucket for r in replies)),
-        "X-Microbatch-Queue-Ms": f"{max(r.queue_ms for r in replies):.2f}",
-        "X-Microbatch-Compute-Ms": f"{sum(r.compute_ms for r in replies):.2f}",
-        "X-Microbatch-Worker": ",".join(sorted({r.worker for r in replies})),
-        "X-Microbatch-Batch-Id": ",".join(dict.fromkeys(r.batch_id for r in replies)),
-    }
+async def embedding_rows(
+    parsed: Parsed, data: str | list, prompt_name: str | None, truncate: bool, direction: str
+) -> list[np.ndarray]:
+    """Token rows of an `input`, each text after the prompt named (or the model's default)."""
+    info = parsed.model.info
+    name = prompt_name if prompt_name is not None else info.default_prompt
+    if prompt_name is not None and prompt_name not in info.prompts:
+        known = ", ".join(sorted(info.prompts)) or "none"
+        raise InvalidRequest(
+            f"prompt_name {prompt_name!r} is not one of {parsed.name}'s prompts ({known})",
+            param="prompt_name",
+        )
+    texts = [data] if isinstance(data, str) else data
+    if name and texts and isinstance(texts[0], str):
+        data = [info.prompts[name] + t for t in texts]
+    elif prompt_name is not None and texts:
+        raise InvalidRequest(
+            "prompt_name applies to text inputs, not token ids", param="prompt_name"
+        )
+    return await token_lists(
+        parsed.services, parsed.model, data, truncate=truncate, direction=direction
+    )
+
+
+def vector_options(
+    info: ModelInfo, dimensions: int | None, normalize: bool | None
+) -> tuple[int | None, bool]:
+    """(dimensions to keep, whether the gateway must normalize), or a 400 saying why not."""
+    if dimensions is not None and dimensions > info.dim:
+        raise InvalidRequest(
+            f"dimensions {dimensions} is more than {info.name} gives ({info.dim})",
+            param="dimensions",
+        )
+    shorter = dimensions is not None and dimensions < info.dim
+    if shorter and not info.matryoshka:
+        raise InvalidRequest(
+            f"{info.name} does not declare matryoshka training, so its first {dimensions} "
+            f"dimensions are not an embedding; it gives {info.dim} (an operator may allow "
+            "it with --matryoshka true)",
+            param="dimensions",
+        )
+    if shorter and info.matryoshka_dims and dimensions not in info.matryoshka_dims:
+        raise InvalidRequest(
+            f"{info.name} was trained for dimensions {info.matryoshka_dims}, not {dimensions}",
+            param="dimensions",
+        )
+    if normalize is False and info.normalized:
+        raise InvalidRequest(
+            f"{info.name} normalizes its vectors in its own modules; normalize: false "
+            "cannot undo that",
+            param="normalize",
+        )
+    wanted = normalize if normalize is not None else (info.normalized or shorter)
+    # vectors the model already normalized stay as they are unless cut
+    return (dimensions if shorter else None), bool(wanted and (shorter or not info.normalized))

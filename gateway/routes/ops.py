@@ -15,6 +15,12 @@ from gateway.services import Services
 
 
 def _model_object(name: str, entry: ModelEntry) -> dict:
+    info = entry.info
+    extra: dict = {}
+    if info.kind == "classifier":
+        extra = {"labels": info.labels}
+    elif info.kind == "embedding":
+        extra = {"matryoshka": info.matryoshka, "prompts": sorted(info.prompts)}
     return {
         "id": name,
         "object": "model",
@@ -25,6 +31,7 @@ def _model_object(name: str, entry: ModelEntry) -> dict:
         "max_tokens": entry.info.max_tokens,
         "workers": entry.live_workers,
         "queue_depth": entry.depth,
+        **extra,
     }
 
 
