@@ -1,13 +1,16 @@
-"""Logging set-up: one JSON object per line (or plain text), with the request id when known.
+"""Logging set-up: one JSON object per line, or readable text, with the request id when known.
 
-Call sites pass context as `extra={...}`; every extra field lands in the JSON line, so a
-request can be followed by its `request_id` from the gateway through the worker's batch line.
+Call sites pass context as `extra={...}`; every extra field lands in the JSON line (or after
+the message as key=value), so a request can be followed by its `request_id` from the gateway
+through the worker's batch line. `auto` picks text for a terminal and JSON for anything else
+(a container's log collector, a file), which is what each reader expects.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import time
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
@@ -32,14 +35,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str)
 
 
-def setup_logging(level: str, fmt: str = "json") -> None:
+class TextFormatter(logging.Formatter):
+    """`12:43:28 INFO  microbatch.worker: message  request_id=… status=…` for a person."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-5s %(name)s: %(message)s", "%H:%M:%S")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        text = super().formatMessage(record)  # the traceback, if any, follows this line
+        extras = [
+            f"{key}={value}"
+            for key, value in vars(record).items()
+            if key not in _STANDARD and not key.startswith("_")
+        ]
+        return f"{text}  {' '.join(extras)}" if extras else text
+
+
+def resolve_format(fmt: str, stream: object = None) -> str:
+    """`auto`: text on a terminal, JSON elsewhere."""
+    if fmt != "auto":
+        return fmt
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return "text" if callable(isatty) and isatty() else "json"
+
+
+def setup_logging(level: str, fmt: str = "auto") -> None:
     handler = logging.StreamHandler()
-    if fmt == "json":
+    if resolve_format(fmt, handler.stream) == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
-        )
+        handler.setFormatter(TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

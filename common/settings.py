@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     noop_crash_token: int | None = None
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["json", "text"] = "json"
+    log_format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal, else JSON
 
     @field_validator("buckets", "api_keys", "served_model_name", mode="before")
     @classmethod

@@ -22,3 +22,22 @@ def test_a_json_line_carries_extras_and_the_message() -> None:
     )
     assert line["request_id"] == "req-7" and line["size"] == 4
     assert line["ts"].endswith("Z")
+
+
+def test_text_lines_carry_extras_and_auto_chooses_by_terminal() -> None:
+    import io
+
+    from common.logs import TextFormatter, resolve_format
+
+    record = logging.LogRecord("microbatch.gateway", logging.INFO, __file__, 1, "ready", (), None)
+    record.request_id = "req-9"
+    line = TextFormatter().format(record)
+    assert "INFO" in line and "microbatch.gateway: ready" in line and "request_id=req-9" in line
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    assert resolve_format("auto", Terminal()) == "text"
+    assert resolve_format("auto", io.StringIO()) == "json"
+    assert resolve_format("json", Terminal()) == "json"
