@@ -148,3 +148,22 @@ def test_the_image_installs_the_extras_every_backend_needs() -> None:
     assert project, "the image never installs the project"
     named = {e for arg in project for e in re.findall(r"\[([\w,]+)\]", arg) for e in e.split(",")}
     assert "onnx" in extras and "onnx" in named  # backend onnx and auto import onnxruntime
+
+
+def test_compose_profiles_add_a_reranker_and_a_chat_model_beside_the_embedder() -> None:
+    services = compose()["services"]
+    assert "profiles" not in services["worker"]  # the embedder runs without a profile
+    for name, profile in (("reranker", "rerank"), ("generator", "chat")):
+        service = services[name]
+        assert service["profiles"] == [profile] and service["command"] == ["worker"]
+        assert service["environment"]["MICROBATCH_SERVED_MODEL_NAME"]
+        assert any(v.endswith("/.cache/huggingface:ro") for v in service["volumes"])
+    prometheus = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    jobs = {job["job_name"] for job in prometheus["scrape_configs"]}
+    assert {"worker", "reranker", "generator"} <= jobs
+
+
+def test_compose_leaves_the_adaptive_wait_to_the_code() -> None:
+    """Pinning MICROBATCH_MAX_WAIT_MS overrode the `auto` wait the benchmarks measured."""
+    for service in compose()["services"].values():
+        assert "MICROBATCH_MAX_WAIT_MS" not in service.get("environment", {})
