@@ -115,3 +115,15 @@ class TeiDecodeRequest(BaseModel):
     model: StrictStr | None = Field(default=None, max_length=256)
     ids: list[TokenId] | list[list[TokenId]]
     skip_special_tokens: bool = True
+
+
+class TeiTokenizeRequest(BaseModel):
+    """TEI's `/tokenize`: `inputs` (a text or texts), answered with each token's text and
+    character span."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = Field(default=None, max_length=256)
+    inputs: StrictStr | list[StrictStr]
+    add_special_tokens: bool = True
+    prompt_name: StrictStr | None = None

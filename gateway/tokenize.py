@@ -112,6 +112,27 @@ class ModelTokenizer:
         self.check_in_vocab(ids, "tokens")
         return self._plain.decode(list(ids), skip_special_tokens=False)
 
+    def spans(self, text: str, add_special_tokens: bool) -> list[dict]:
+        """TEI's tokens: id, text, whether special, and the character span in `text` (None
+        for a special token, which has none)."""
+        encoding = self._plain.encode(text, add_special_tokens=add_special_tokens)
+        special = encoding.special_tokens_mask
+        out = []
+        for i, (token, (start, stop)) in enumerate(
+            zip(encoding.ids, encoding.offsets, strict=True)
+        ):
+            is_special = bool(special[i])
+            out.append(
+                {
+                    "id": token,
+                    "text": self.piece(token) if is_special else text[start:stop],
+                    "special": is_special,
+                    "start": None if is_special else start,
+                    "stop": None if is_special else stop,
+                }
+            )
+        return out
+
     def decode_text(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         """Ids back to text (TEI's `/decode`), special tokens dropped unless kept."""
         return self._plain.decode(list(ids), skip_special_tokens=skip_special_tokens)

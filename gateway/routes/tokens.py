@@ -1,4 +1,5 @@
-"""vLLM's `POST /tokenize` and `POST /detokenize`, for every model kind.
+"""vLLM's `POST /tokenize` and `POST /detokenize`, for every model kind; `/tokenize` with
+`inputs` answers in TEI's shape.
 
 Clients count tokens before they send (to fit a context, to price a request) and turn ids
 back into text; both use the very tokenizer the gateway queues with, so the counts agree.
@@ -10,6 +11,8 @@ import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
+from common.errors import InvalidRequest
+from gateway.encoder_schemas import TeiTokenizeRequest
 from gateway.request import Call, api_call, parse_call
 from gateway.routes.chat import render
 from gateway.schemas import DetokenizeRequest, TokenizeRequest, openapi_body
@@ -21,7 +24,34 @@ DETOKENIZE_SCHEMA = openapi_body(DetokenizeRequest)
 
 
 async def tokenize(request: Request) -> Response:
+    """A body with `inputs` is TEI's; any other, vLLM's."""
+    try:
+        raw = orjson.loads(await request.body())
+    except orjson.JSONDecodeError:
+        raw = None
+    if isinstance(raw, dict) and "inputs" in raw:
+        return await api_call(request, TOKENIZE, lambda call: _tokenize_tei(request, call))
     return await api_call(request, TOKENIZE, lambda call: _tokenize(request, call))
+
+
+async def _tokenize_tei(request: Request, call: Call) -> Response:
+    parsed = await parse_call(request, call, TeiTokenizeRequest, kind=None)
+    req: TeiTokenizeRequest = parsed.body
+    texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
+    prompts = parsed.model.info.prompts
+    if req.prompt_name is not None:
+        if req.prompt_name not in prompts:
+            raise InvalidRequest(
+                f"prompt_name {req.prompt_name!r} is not one of {parsed.name}'s prompts",
+                param="prompt_name",
+            )
+        texts = [prompts[req.prompt_name] + t for t in texts]
+    tokenizer, pool = parsed.model.tokenizer, parsed.services.tokenize
+    chars = sum(len(t) for t in texts)
+    body = await pool.run(
+        chars, lambda: [tokenizer.spans(t, req.add_special_tokens) for t in texts]
+    )
+    return _json(body, call)
 
 
 async def detokenize(request: Request) -> Response:

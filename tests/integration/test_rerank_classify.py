@@ -255,6 +255,15 @@ def test_openai_embeddings_with_matryoshka_dimensions(base: str, models) -> None
     assert abs(np.linalg.norm(got) - 1) < 1e-5
 
 
+def test_tei_tokenize_gives_spans(base: str) -> None:
+    body = post(base, "/tokenize", inputs=["hello world"]).json()
+    assert [t["id"] for t in body[0]] == [101, 7592, 2088, 102]
+    assert body[0][0] == {"id": 101, "text": "[CLS]", "special": True, "start": None, "stop": None}
+    assert body[0][2] == {"id": 2088, "text": "world", "special": False, "start": 6, "stop": 11}
+    prompted = post(base, "/tokenize", inputs="hi", prompt_name="query", add_special_tokens=False)
+    assert [t["text"] for t in prompted.json()[0]] == ["query", ":", "hi"]
+
+
 def test_truncation_direction_and_decode(base: str) -> None:
     long = " ".join(f"w{i}" for i in range(600))
     left = post(base, "/embed", inputs=long, truncate=True, truncation_direction="left")
