@@ -100,7 +100,7 @@ class StoreClusterPipeline(ClusterPipeline):
             raise ClusterUnavailable(str(exc)) from exc
 
 
-def _open_cluster(url: str, timeout: float) -> StoreCluster:
+def _open_cluster(url: str, timeout: float) -> RedisCluster:
     """`redis_url` names any node; the client learns the rest from CLUSTER SLOTS.
 
     Writes and reads go to masters only (a replica lags: a worker reading one would see
