@@ -7,6 +7,7 @@ import contextlib
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +20,15 @@ import redis
 from redis.crc import key_slot
 
 from common.streams import Keys
-from tests.conftest import Processes, free_port, wait_ready, wait_until, wait_workers
+from tests.conftest import (
+    ROOT,
+    Processes,
+    free_port,
+    process_env,
+    wait_ready,
+    wait_until,
+    wait_workers,
+)
 
 MODELS = ("noop", "noop2")  # slots 10577 and 12890: the second and third master
 NODE_TIMEOUT_MS = 2000  # a dead master is failed over within a few seconds
@@ -184,6 +193,17 @@ def test_two_models_serve_on_a_cluster_each_in_its_own_slot(deployment: Deployme
         # Streams, group registry and beats of one model: one slot, one master.
         assert {keys.request(model, 128), keys.workers(model)} <= stored
         assert all(k.startswith(f"mb:{{{model}}}:") for k in stored)
+    # The operator's view works on a cluster too: `microbatch status` lists both models.
+    status = subprocess.run(
+        [sys.executable, "-m", "common.cli", "status", "--json", "--redis-cluster"],
+        cwd=ROOT,
+        env=process_env(redis_url=cluster.url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert all(f'"{model}"' in status.stdout for model in MODELS), status.stdout
     # Reply streams hash by gateway id, spread over the masters, and live where they hash.
     for gateway_id in ("gw-0", "gw-1"):
         reply = keys.reply(gateway_id)
