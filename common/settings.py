@@ -20,6 +20,15 @@ def _split_commas(value: object) -> object:
     return value
 
 
+def _check_cluster_url(url: str | None) -> None:
+    """A cluster needs a node to start from, and has only database 0."""
+    if url is None:
+        raise ValueError("redis_cluster needs a redis_url naming any node of the cluster")
+    db = urlsplit(url).path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, not {db} (redis_url path)")
+
+
 MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
 
 
@@ -30,6 +39,8 @@ class Settings(BaseSettings):
 
     # Where the streams live: None runs the embedded in-process store (serve only).
     redis_url: str | None = None
+    # redis_url names any node of a Redis Cluster; every key of a model shares one hash slot.
+    redis_cluster: bool = False
     prefix: str = "mb"
     redis_socket_timeout_s: float = 5.0
 
@@ -136,6 +147,8 @@ class Settings(BaseSettings):
         if self.read_block_ms >= self.redis_socket_timeout_s * 1000:
             # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
             raise ValueError("read_block_ms must stay below redis_socket_timeout_s")
+        if self.redis_cluster:
+            _check_cluster_url(self.redis_url)
         if self.quantize == "int8" and self.backend != "onnx":
             raise ValueError("quantize int8 needs backend onnx")
         if self.backend != "torch" and self.device != "cpu":

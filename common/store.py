@@ -1,8 +1,9 @@
-"""`open_store`: a redis-asyncio client to a real server, or the embedded burner-redis store.
+"""`open_store`: a redis-asyncio client to a server or a Cluster, or the embedded burner-redis.
 
-Both speak the redis-py asyncio API for the commands `common.streams` uses; the two
-differences that matter (pipeline arguments, `None` for an empty XREAD) are absorbed here
-and in `streams`, so every role runs the very same stream code in both modes.
+All three speak the redis-py asyncio API for the commands `common.streams` uses; the
+differences that matter (pipeline arguments, `None` for an empty XREAD, the cluster client's
+errors outside `RedisError`) are absorbed here and in `streams`, so every role runs the very
+same stream code in every mode.
 """
 
 from __future__ import annotations
@@ -10,16 +11,26 @@ from __future__ import annotations
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import AuthenticationError, BusyLoadingError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    BusyLoadingError,
+    RedisClusterException,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from common.settings import Settings
 
-# redis.asyncio.Redis or burner_redis.BurnerRedis: the same command surface.
+# redis.asyncio.Redis, RedisCluster or burner_redis.BurnerRedis: the same command surface.
 Store = Any
+
+# A cluster node's connections: past this many at once a command fails (MaxConnectionsError,
+# a 503) instead of waiting as the single-server pool does, so the bound is generous.
+CLUSTER_CONNECTIONS_PER_NODE = 1024
 
 
 def open_store(settings: Settings, *, max_connections: int = 64) -> Store:
@@ -28,6 +39,8 @@ def open_store(settings: Settings, *, max_connections: int = 64) -> Store:
         from burner_redis import BurnerRedis
 
         return BurnerRedis()
+    if settings.redis_cluster:
+        return _open_cluster(settings.redis_url, settings.redis_socket_timeout_s)
     pool = BlockingConnectionPool.from_url(
         settings.redis_url,
         max_connections=max_connections,
@@ -43,8 +56,70 @@ def open_store(settings: Settings, *, max_connections: int = 64) -> Store:
     )
 
 
+class ClusterUnavailable(RedisConnectionError):
+    """The cluster client found no node for a command (none reachable, slot not covered).
+
+    redis-py raises these as `RedisClusterException`, outside `RedisError`; as a connection
+    error every loop retries them like any outage and the gateway answers 503.
+    """
+
+
+class StoreCluster(RedisCluster):
+    """redis-py's cluster client with its topology errors raised as `RedisError`s, and its
+    seed nodes never forgotten: it drops a node from its startup list on every connection
+    error, and with all of them dropped (a whole-cluster restart) it could never reconnect.
+    """
+
+    async def initialize(self) -> RedisCluster:
+        for node in self.startup_nodes:  # the nodes the URL named
+            self.nodes_manager.startup_nodes.setdefault(node.name, node)
+        try:
+            return await super().initialize()
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
+        if shard_hint:
+            raise ValueError("no shard hints in cluster mode")
+        return StoreClusterPipeline(self, transaction)
+
+
+class StoreClusterPipeline(ClusterPipeline):
+    """Commands grouped by node, one round trip per node, no MULTI: never cross-slot."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+
+def _open_cluster(url: str, timeout: float) -> RedisCluster:
+    """`redis_url` names any node; the client learns the rest from CLUSTER SLOTS.
+
+    Writes and reads go to masters only (a replica lags: a worker reading one would see
+    entries twice or miss them). Partial slot coverage is accepted, so a model whose master
+    is up keeps serving while another's slots are down (if the servers allow it).
+    """
+    return StoreCluster.from_url(
+        url,
+        max_connections=CLUSTER_CONNECTIONS_PER_NODE,
+        require_full_coverage=False,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=30,
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries=3),
+    )
+
+
 def pipeline(store: Store) -> Any:
-    """A non-transactional pipeline: one round trip, no MULTI."""
+    """A non-transactional pipeline: one round trip (per node on a cluster), no MULTI."""
     if isinstance(store, Redis):
         return store.pipeline(transaction=False)
     return store.pipeline()
@@ -57,23 +132,36 @@ async def close_store(store: Store) -> None:
 
 
 class StoreRefused(Exception):
-    """Redis answered but refused us (credentials, ACL): retrying will not help."""
+    """Redis answered but refused us (credentials, ACL, no cluster): retrying will not help."""
+
+
+def _refusal(exc: BaseException | None) -> str | None:
+    """Why Redis refused us, if it did: the cluster client buries the cause in a chain."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, AuthenticationError):
+            return f"Redis refused the credentials in the URL: {exc}"
+        if isinstance(exc, ResponseError) and ("NOPERM" in str(exc) or "NOAUTH" in str(exc)):
+            return f"Redis refused this user: {exc}"
+        if "Cluster mode is not enabled" in str(exc):
+            return f"redis_cluster is set but the server is not a cluster node: {exc}"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 async def check_access(store: Store) -> None:
-    """Fail fast on a wrong or missing password or a user without rights.
+    """Fail fast on a wrong or missing password, a user without rights, or a server that
+    is not a cluster node where a cluster is expected.
 
     An unreachable server passes: it may come up later, and every loop retries on its own.
     """
-    if not isinstance(store, Redis):
+    if not isinstance(store, Redis | RedisCluster):
         return
     try:
         await store.ping()
-    except AuthenticationError as exc:
-        raise StoreRefused(f"Redis refused the credentials in the URL: {exc}") from None
-    except ResponseError as exc:
-        if "NOPERM" in str(exc) or "NOAUTH" in str(exc):
-            raise StoreRefused(f"Redis refused this user: {exc}") from None
-        raise
-    except (RedisConnectionError, RedisTimeoutError):
-        return
+    except (ResponseError, RedisConnectionError, RedisTimeoutError) as exc:
+        reason = _refusal(exc)
+        if reason is not None:
+            raise StoreRefused(reason) from None
+        if isinstance(exc, ResponseError):
+            raise

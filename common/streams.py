@@ -11,6 +11,12 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:tokenizer:<sha256>      a registered tokenizer's JSON
 
 Request streams are never trimmed by count: an entry is deleted right after it is acked.
+
+On a Redis Cluster every `{model}` key of one model lives in one hash slot, so the one
+multi-key command here (XREADGROUP over a model's bucket streams) never crosses slots; reply
+streams hash by gateway id and spread over the masters. A pipeline may mix slots (a reply
+and the acks it answers): the cluster client splits it per node, never as one transaction,
+and nothing here relies on it being atomic.
 """
 
 from __future__ import annotations

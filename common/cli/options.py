@@ -16,6 +16,13 @@ Port = Annotated[int | None, typer.Option(help="Gateway port")]
 Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
 
 
+def _is_flag(field: str, rest: list[str]) -> bool:
+    """A yes/no setting given with no value after it."""
+    return Settings.model_fields[field].annotation is bool and (
+        not rest or rest[0].startswith("--")
+    )
+
+
 def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
     """Named options, then `--<setting> VALUE` extras, over MICROBATCH_* environment values."""
     values = {k: v for k, v in named.items() if v is not None}
@@ -25,13 +32,15 @@ def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
         if not flag.startswith("--"):
             raise typer.BadParameter(f"unexpected argument {flag!r}")
         name, _, value = flag[2:].partition("=")
+        field = name.replace("-", "_")
+        if field not in Settings.model_fields:
+            raise typer.BadParameter(f"unknown setting --{name}")
+        if not value and _is_flag(field, args):
+            value = "true"  # `--redis-cluster` alone switches a yes/no setting on
         if not value:
             if not args:
                 raise typer.BadParameter(f"{flag} needs a value")
             value = args.pop(0)
-        field = name.replace("-", "_")
-        if field not in Settings.model_fields:
-            raise typer.BadParameter(f"unknown setting --{name}")
         values[field] = value
     try:
         return Settings(**values)

@@ -61,3 +61,29 @@ def test_the_redis_password_never_appears_in_the_printable_url() -> None:
     assert "s3cret" not in s.redis_url_redacted
     assert s.redis_url_redacted == "redis://app:***@db.internal:6380/2"
     assert Settings(redis_url="redis://h:1/0").redis_url_redacted == "redis://h:1/0"
+
+
+def test_redis_cluster_needs_a_node_url_on_database_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="redis_cluster needs a redis_url"):
+        Settings(redis_cluster=True)
+    with pytest.raises(ValidationError, match="only database 0"):
+        Settings(redis_url="redis://node-a:7000/3", redis_cluster=True)
+    monkeypatch.setenv("MICROBATCH_REDIS_CLUSTER", "true")
+    monkeypatch.setenv("MICROBATCH_REDIS_URL", "redis://node-a:7000/0")
+    assert Settings().redis_cluster
+
+
+def test_a_yes_no_setting_given_alone_on_the_command_line_is_switched_on() -> None:
+    import click
+    import typer
+
+    from common.cli.options import settings_from_context
+
+    def parsed(*args: str) -> Settings:
+        ctx = typer.Context(click.Command("worker"), allow_extra_args=True)
+        ctx.args = list(args)
+        return settings_from_context(ctx, redis_url="redis://node-a:7000")
+
+    assert parsed("--redis-cluster").redis_cluster
+    assert parsed("--redis-cluster", "--max-batch-size", "4").redis_cluster
+    assert not parsed("--redis-cluster", "false").redis_cluster

@@ -26,3 +26,36 @@ def test_without_a_url_the_store_is_embedded() -> None:
     store = open_store(Settings())
     assert type(store).__name__ == "BurnerRedis"
     asyncio.run(close_store(store))
+
+
+def test_a_cluster_url_opens_the_cluster_client_on_masters_only() -> None:
+    from common.store import StoreCluster, StoreClusterPipeline, pipeline
+
+    settings = Settings(redis_url="redis://app:secret@node-a:7000/0", redis_cluster=True)
+    store = open_store(settings)
+    assert isinstance(store, StoreCluster)
+    assert [n.name for n in store.startup_nodes] == ["node-a:7000"]
+    assert store.read_from_replicas is False and store.load_balancing_strategy is None
+    kwargs = store.connection_kwargs
+    assert (kwargs["username"], kwargs["password"]) == ("app", "secret")
+    assert kwargs["socket_timeout"] == 5.0
+    assert isinstance(pipeline(store), StoreClusterPipeline)
+    asyncio.run(close_store(store))
+
+
+def test_cluster_topology_errors_are_redis_errors_every_loop_retries() -> None:
+    import pytest
+    from redis.exceptions import RedisError
+
+    from common.store import check_access
+
+    port = 1  # nothing listens: no node reachable
+    store = open_store(Settings(redis_url=f"redis://127.0.0.1:{port}", redis_cluster=True))
+
+    async def probe() -> None:
+        await check_access(store)  # unreachable passes: the loops retry on their own
+        with pytest.raises(RedisError, match="cannot be connected"):
+            await store.xlen("mb:{noop}:req:128")
+        await close_store(store)
+
+    asyncio.run(probe())
