@@ -38,6 +38,8 @@ class RerankRequest(BaseModel):
     # Cohere's: documents cut to this many tokens (its default truncates to 4096)
     max_tokens_per_doc: StrictInt | None = Field(default=None, gt=0)
     relevant_spans: bool | dict | None = None  # Cohere's; not served: refused when asked for
+    # vLLM's: not served; refused (it would change the answer), never ignored
+    truncate_prompt_tokens: None = Field(default=None, description="not served: use truncate")
 
     def texts(self) -> list[str]:
         return [d if isinstance(d, str) else d.text for d in self.documents]
@@ -66,6 +68,7 @@ class ClassifyRequest(BaseModel):
     input: StrictStr | list[StrictStr]
     truncate: bool = False
     activation: bool = Field(default=True, description="false: raw logits")
+    truncate_prompt_tokens: None = Field(default=None, description="not served: use truncate")
 
 
 Sequence = StrictStr | tuple[StrictStr, StrictStr]
@@ -105,6 +108,9 @@ class TeiEmbedRequest(BaseModel):
     truncation_direction: Direction = "right"
     prompt_name: StrictStr | None = None
     dimensions: StrictInt | None = Field(default=None, gt=0)
+    encoding_format: Literal["float"] | None = Field(
+        default=None, description="TEI answers floats; base64 is /v1/embeddings'"
+    )
 
 
 class TeiDecodeRequest(BaseModel):

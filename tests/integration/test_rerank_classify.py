@@ -335,6 +335,13 @@ def test_truncation_direction_and_decode(base: str) -> None:
         ),
         ("/embed", {"inputs": "x", "prompt_name": "nope"}, 400, "prompt_name"),
         ("/rerank", {"query": QUERY, "texts": ["d"]}, 400, "model"),  # two classifiers here
+        ("/embed", {"inputs": "x", "encoding_format": "base64"}, 422, "encoding_format"),
+        (
+            "/classify",
+            {"model": "classifier", "input": "x", "truncate_prompt_tokens": 3},
+            422,
+            "truncate_prompt_tokens",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_4xx(base: str, path: str, body: dict, status: int, param: str):
