@@ -14,6 +14,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from worker.embed.runners.base import RowResult, isolate_failures
+from worker.embed.runners.torch_runner import use_threads
 from worker.models import ModelFiles
 
 
@@ -60,8 +61,7 @@ class ClassifierRunner:
         self._separator = separator if uses_types else None
 
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
-        if threads is not None and threads != self._torch.get_num_threads():
-            self._torch.set_num_threads(threads)
+        use_threads(threads)
         return isolate_failures(self._forward, rows)
 
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:

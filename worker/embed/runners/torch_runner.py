@@ -10,6 +10,16 @@ from worker.embed.runners.base import RowResult, isolate_failures
 from worker.models import ModelFiles
 
 
+def use_threads(threads: int | None) -> None:
+    """Run this thread's torch ops on `threads` threads (None: as they are). torch's intra-op
+    thread count belongs to the calling thread (its OpenMP team), so batches computing side
+    by side on different threads may each have their own."""
+    import torch
+
+    if threads is not None and threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
 class TorchRunner:
     """A transformers encoder with the pooling its sentence-transformers config asks for."""
 
@@ -45,10 +55,7 @@ class TorchRunner:
                 self._encode, self.traced = traced, True
 
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
-        # torch's intra-op thread count belongs to the calling thread (its OpenMP team), so
-        # batches computing side by side on different threads may each have their own
-        if threads is not None and threads != self._torch.get_num_threads():
-            self._torch.set_num_threads(threads)
+        use_threads(threads)
         return isolate_failures(self._forward, rows)
 
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
