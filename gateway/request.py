@@ -195,6 +195,15 @@ async def parse_call(
     return Parsed(services, body, name, model)
 
 
+def check_count(services: Services, count: int, field: str) -> None:
+    """A list of inputs is neither empty nor over `max_inputs_per_request`: else a 400."""
+    if not count:
+        raise InvalidRequest(f"{field} must not be an empty list", param=field)
+    limit = services.settings.max_inputs_per_request
+    if count > limit:
+        raise InvalidRequest(f"{field} has {count} items; the limit is {limit}", param=field)
+
+
 async def token_lists(
     services: Services,
     model: ModelEntry,
@@ -210,11 +219,7 @@ async def token_lists(
     together with the tokens it asks for)."""
     if isinstance(data, str):
         data = [data]
-    if not data:
-        raise InvalidRequest(f"{field} must not be an empty list", param=field)
-    limit = services.settings.max_inputs_per_request
-    if len(data) > limit:
-        raise InvalidRequest(f"{field} has {len(data)} items; the limit is {limit}", param=field)
+    check_count(services, len(data), field)
     if isinstance(data[0], str):
         return await services.tokenize.encode(model.tokenizer, data, truncate, check, direction)
     lists = [data] if isinstance(data[0], int) else data

@@ -11,9 +11,8 @@ import time
 from fastapi import Request
 from fastapi.responses import Response
 
-from common.errors import InvalidRequest
 from gateway.encoder_schemas import ClassifyRequest, PredictRequest
-from gateway.request import Call, Parsed, api_call, parse_call
+from gateway.request import Call, Parsed, api_call, check_count, parse_call
 from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
 from gateway.schemas import openapi_body
 from gateway.scores import activate
@@ -103,11 +102,7 @@ async def _scores(
     function: str,
     field: str = "input",
 ):
-    if not items:
-        raise InvalidRequest(f"{field} must not be empty", param=field)
-    limit = parsed.services.settings.max_inputs_per_request
-    if len(items) > limit:
-        raise InvalidRequest(f"{field} has {len(items)} items; the limit is {limit}", param=field)
+    check_count(parsed.services, len(items), field)
     chars = sum(len(i) if isinstance(i, str) else len(i[0]) + len(i[1]) for i in items)
     tokenizer = parsed.model.tokenizer
     rows = await parsed.services.tokenize.run(

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from common.errors import InvalidRequest
 from gateway.encoder_schemas import RerankRequest, TeiRerankRequest
-from gateway.request import Call, Parsed, api_call, parse_call
+from gateway.request import Call, Parsed, api_call, check_count, parse_call
 from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
 from gateway.schemas import openapi_body
 from gateway.scores import activate, ranking
@@ -134,11 +134,7 @@ def _documents(parsed: Parsed, req: RerankRequest) -> list[str]:
 
 
 def _check_count(parsed: Parsed, texts: list[str], field: str) -> None:
-    if not texts:
-        raise InvalidRequest(f"{field} must not be empty", param=field)
-    limit = parsed.services.settings.max_inputs_per_request
-    if len(texts) > limit:
-        raise InvalidRequest(f"{field} has {len(texts)} items; the limit is {limit}", param=field)
+    check_count(parsed.services, len(texts), field)
     if len(parsed.model.info.labels) != 1:
         raise InvalidRequest(
             f"model {parsed.name!r} is a classifier over {len(parsed.model.info.labels)} "
