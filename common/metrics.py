@@ -109,7 +109,22 @@ running_sequences = Gauge(
 )
 kv_cache_usage_ratio = Gauge(
     "microbatch_kv_cache_usage_ratio",
-    "Padded KV cache positions in use over the kv_cache_tokens budget",
+    "KV cache blocks running sequences hold, over the pool (kv_cache_tokens)",
+    ["model"],
+)
+prefix_cache_queried_tokens_total = Counter(
+    "microbatch_prefix_cache_queried_tokens_total",
+    "Prompt tokens looked up in the prefix cache at admission",
+    ["model"],
+)
+prefix_cache_hit_tokens_total = Counter(
+    "microbatch_prefix_cache_hit_tokens_total",
+    "Prompt tokens whose keys and values came from the prefix cache, not a prefill",
+    ["model"],
+)
+kv_cache_evictions_total = Counter(
+    "microbatch_kv_cache_evictions_total",
+    "Cached KV blocks evicted to hold new content",
     ["model"],
 )
 preemptions_total = Counter(

@@ -103,7 +103,10 @@ class Settings(BaseSettings):
     # Prefill + decode tokens in one step: a CPU prefills a few hundred tokens a second, so
     # a larger step stalls every running sequence for seconds.
     max_step_tokens: int = Field(default=512, gt=0)
-    kv_cache_tokens: int = Field(default=32_768, gt=0)  # padded KV positions, all sequences
+    kv_cache_tokens: int = Field(default=32_768, gt=0)  # the paged KV pool, in positions
+    kv_block_size: int = Field(default=16, gt=0)  # positions per KV cache block
+    prefix_caching: bool = True  # keep full blocks named by their prefix for reuse
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"  # auto: the model's dtype
     cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
     # Embedding models: serve `dimensions` (matryoshka: the first d dimensions, renormalized)
     # below the model's own; None: only where its config.json declares matryoshka training

@@ -35,7 +35,13 @@ def load_model(settings: Settings) -> LoadedModel:
         from worker.generate.engine import GenerationEngine
 
         engine = GenerationEngine(
-            files.path, device=settings.device, threads=settings.torch_threads
+            files.path,
+            device=settings.device,
+            threads=settings.torch_threads,
+            kv_tokens=settings.kv_cache_tokens,
+            block_size=settings.kv_block_size,
+            prefix_caching=settings.prefix_caching,
+            kv_dtype=settings.kv_cache_dtype,
         )
         return LoadedModel(files, engine, engine.context, "causal-lm")
     if files.classifier and settings.model != NOOP_MODEL:

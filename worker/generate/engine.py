@@ -1,12 +1,15 @@
-"""`GenerationEngine`: a Hugging Face causal LM decoding many sequences at once with a KV cache.
+"""`GenerationEngine`: a Hugging Face causal LM decoding many sequences at once over a paged
+KV cache with automatic prefix caching.
 
-Each running sequence owns one row of a preallocated cache `[rows, kv_heads, width, head_dim]`
-per layer. All rows end at the same column, so one decode step writes one column and attends
-over `[lo, col]`, where `lo` is the start of the longest row; each row's own start is masked.
-Joining costs one prefill (newcomers of one length bucket together, left-padded) and a copy
-of its keys and values into a free row; leaving costs moving the last row into the hole.
-Nothing is recomputed between steps. The model's own forward runs unchanged: the engine only
-passes a cache object, explicit positions and a ready 4-D mask, which transformers uses as is.
+Each sequence's keys and values live in fixed-size blocks of a shared pool (`KVStore`), found
+through its block table (`BlockManager`). A decode step writes one position per sequence and
+attention reads each sequence's blocks (gathered per layer, padded to the longest table and
+masked); joining, leaving and preemption only change block tables, never move a running
+sequence's cache. A newcomer whose prompt begins with blocks cached by an earlier sequence
+(the same system prompt, the previous turn of a chat with its answer) prefills only the
+rest: its queries attend to the cached keys through the same gather. The model's own forward
+runs unchanged: the engine only passes a cache object, explicit positions and a ready 4-D
+mask, which transformers uses as is.
 
 Called from the worker's single compute thread only; never from the event loop.
 """
@@ -21,6 +24,8 @@ import numpy as np
 import torch
 
 from common.protocol import Scores
+from worker.generate.blocks import NULL_BLOCK, BlockManager
+from worker.generate.kv_store import KVStore
 from worker.generate.logprobs import prompt_scores, token_scores
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
@@ -50,50 +55,45 @@ class Picked:
 @dataclass(slots=True)
 class _Row:
     key: int
-    start: int  # first cache column this row uses
     length: int  # tokens in the cache
     last: int  # the newest token, not yet in the cache: the next decode input
     sampling: Sampling
     logprobs: int
 
 
-class SlotCache:
-    """The transformers cache protocol (`update`) over the engine's row buffers."""
+class PagedCache:
+    """The transformers cache protocol (`update`) over the block pool, for one forward:
+    store the new keys and values at their slots, hand attention every row's blocks."""
 
-    def __init__(self, n_layers: int) -> None:
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.n_layers = n_layers
-        self.rows = 0  # rows taking part in the current forward
-        self.col = 0  # the column the current decode writes
-        self.lo = 0
+    def __init__(
+        self, store: KVStore, slots: torch.Tensor, real: torch.Tensor | None, blocks, rows: int
+    ) -> None:
+        self.store, self.slots, self.real, self.blocks, self.rows = store, slots, real, blocks, rows
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_, **__
     ):
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys[: self.rows, :, self.col] = key_states[:, :, 0]
-        values[: self.rows, :, self.col] = value_states[:, :, 0]
-        window = slice(self.lo, self.col + 1)
-        return keys[: self.rows, :, window], values[: self.rows, :, window]
-
-
-class PrefillCache:
-    """Keeps a prefill's keys and values so the engine can copy them into rows."""
-
-    def __init__(self) -> None:
-        self.keys: dict[int, torch.Tensor] = {}
-        self.values: dict[int, torch.Tensor] = {}
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *_, **__
-    ):
-        self.keys[layer_idx], self.values[layer_idx] = key_states, value_states
-        return key_states, value_states
+        heads, dim = key_states.shape[1], key_states.shape[3]
+        keys = key_states.transpose(0, 1).reshape(heads, -1, dim)
+        values = value_states.transpose(0, 1).reshape(heads, -1, dim)
+        if self.real is not None:  # a prefill: skip the padding queries
+            keys, values = keys[:, self.real], values[:, self.real]
+        self.store.write(layer_idx, self.slots, keys, values)
+        return self.store.read(layer_idx, self.blocks, self.rows)
 
 
 class GenerationEngine:
-    def __init__(self, path: Path, *, device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        kv_tokens: int = 32_768,
+        block_size: int = 16,
+        prefix_caching: bool = True,
+        kv_dtype: str = "auto",
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -104,32 +104,49 @@ class GenerationEngine:
         config = self.model.config.get_text_config(decoder=True)
         self.context = int(config.max_position_embeddings)
         self.vocab_size = int(config.vocab_size)
-        self._kv_heads = int(getattr(config, "num_key_value_heads", config.num_attention_heads))
-        self._head_dim = int(
+        kv_heads = int(getattr(config, "num_key_value_heads", config.num_attention_heads))
+        head_dim = int(
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
-        self._n_layers = int(config.num_hidden_layers)
         self._pad_id = int(self.model.config.pad_token_id or 0)
         self.eos_ids = _eos_ids(self.model)
-        self._cache = SlotCache(self._n_layers)
+        self.block_size = block_size
+        num_blocks = -(-kv_tokens // block_size) + 1  # and the null block
+        self.blocks = BlockManager(
+            num_blocks, block_size, prefix_caching, namespace=str(path).encode()
+        )
+        self.store = KVStore(
+            layers=int(config.num_hidden_layers),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            block_size=block_size,
+            max_blocks=num_blocks,
+            dtype=torch.float32,
+            kv_dtype=kv_dtype,
+            device=self.device,
+        )
         self._rows: list[_Row] = []
-        self._capacity = (0, 0)  # (rows, width) of the buffers
 
     # ---- state the scheduler reads --------------------------------------------------------
 
-    def cache_positions(self) -> int:
-        """Padded positions in use: rows x the longest row, what the KV budget bounds."""
-        return len(self._rows) * max((row.length for row in self._rows), default=0)
+    def usage_ratio(self) -> float:
+        """Blocks running sequences hold, over the pool."""
+        return self.blocks.used / self.blocks.usable
+
+    def cached_tokens(self, tokens: np.ndarray) -> int:
+        """Leading tokens of a prompt the prefix cache would serve now."""
+        return self.blocks.cached_tokens(tokens.tolist())
 
     # ---- one step -------------------------------------------------------------------------
 
     @torch.inference_mode()
     def retire(self, keys: Sequence[int]) -> None:
-        """Free the rows of finished, cancelled or preempted sequences."""
-        for key in keys:
-            index = next((i for i, row in enumerate(self._rows) if row.key == key), None)
-            if index is not None:
-                self._remove_row(index)
+        """Free the blocks of finished, cancelled or preempted sequences (named full blocks
+        stay cached until evicted)."""
+        gone = set(keys)
+        for key in gone:
+            self.blocks.free(key)
+        self._rows = [row for row in self._rows if row.key not in gone]
 
     @torch.inference_mode()
     def step(self, newcomers: Sequence[Admission]) -> dict[int, Picked]:
@@ -142,24 +159,32 @@ class GenerationEngine:
                 copies.setdefault(a.same_as, []).append(a)
         sources = [a for a in newcomers if a.same_as is None]
         for a in sources:
-            if a.prompt_logprobs >= 0:  # scored alone: its prefill keeps every position
+            if a.prompt_logprobs >= 0:  # scored alone: its prefill computes every position
                 picked.update(self._prefill([a], copies, every_position=True))
         plain = [a for a in sources if a.prompt_logprobs < 0]
-        for group in prefill_groups([len(a.tokens) for a in plain]):
+        cached = [self.cached_tokens(a.tokens) for a in plain]
+        for group in prefill_groups(
+            [len(a.tokens) - c for a, c in zip(plain, cached, strict=True)]
+        ):
             picked.update(self._prefill([plain[i] for i in group], copies))
         return picked
 
     def _decode(self) -> dict[int, Picked]:
-        self._ensure_room(rows=len(self._rows), left=0)
-        cache, rows = self._cache, self._rows
-        cache.rows = len(rows)
-        starts = torch.tensor([row.start for row in rows], device=self.device)
-        columns = torch.arange(cache.lo, cache.col + 1, device=self.device)
-        mask = (columns[None, :] >= starts[:, None])[:, None, None, :]
+        rows = self._rows
+        for row in rows:
+            copy = self.blocks.append(row.key, row.last)
+            if copy is not None:
+                self.store.ensure(self.blocks.high_water)
+                self.store.copy_block(*copy)
+        self.store.ensure(self.blocks.high_water)
+        slots = torch.tensor([self.blocks.slot(row.key, row.length) for row in rows])
+        blocks, width = self._tables([row.key for row in rows])
+        lengths = torch.tensor([row.length for row in rows], device=self.device)
+        mask = torch.arange(width, device=self.device)[None, :] <= lengths[:, None]
         input_ids = torch.tensor([[row.last] for row in rows], device=self.device)
-        positions = torch.tensor([[row.length] for row in rows], device=self.device)
-        logits = self._forward(input_ids, mask, positions, cache)[:, -1]
-        cache.col += 1
+        cache = PagedCache(self.store, slots.to(self.device), None, blocks, len(rows))
+        logits = self._forward(input_ids, mask[:, None, None, :], lengths[:, None], cache)[:, -1]
+        self.blocks.commit([row.key for row in rows])
         tokens = sample(logits, [row.sampling for row in rows])
         scores = token_scores(logits, tokens, [row.logprobs for row in rows])
         for row, token in zip(rows, tokens, strict=True):
@@ -175,22 +200,18 @@ class GenerationEngine:
         copies: dict[int, list[Admission]],
         every_position: bool = False,
     ) -> dict[int, Picked]:
+        cached = [self.blocks.admit(a.key, a.tokens, reuse=not every_position) for a in group]
+        self.store.ensure(self.blocks.high_water)
         lengths = [len(a.tokens) for a in group]
-        width = max(lengths)
-        pads = torch.tensor([width - n for n in lengths], device=self.device)
-        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long)
-        for i, a in enumerate(group):
-            ids[i, width - len(a.tokens) :] = torch.from_numpy(a.tokens.astype(np.int64))
-        steps = torch.arange(width, device=self.device)
-        positions = (steps[None, :] - pads[:, None]).clamp(min=0)
-        real = steps[None, None, :] >= pads[:, None, None]  # keys that are not padding
-        causal = steps[None, :, None] >= steps[None, None, :]
-        diagonal = torch.eye(width, dtype=torch.bool, device=self.device)[None]
-        mask = ((causal & real) | diagonal)[:, None]  # padding queries see themselves: no NaN
-        cache = PrefillCache()
+        ids, positions, mask, cache = self._prefill_inputs(group, cached)
+        width = ids.shape[1]
         keep = 0 if every_position else 1  # 0: transformers keeps every position's logits
-        logits = self._forward(ids.to(self.device), mask, positions, cache, keep)
+        logits = self._forward(ids, mask, positions, cache, keep)
+        self.blocks.commit([a.key for a in group])
         members = [(b, i) for i, a in enumerate(group) for b in (a, *copies.get(a.key, ()))]
+        for b, i in members:
+            if b is not group[i]:
+                self.blocks.fork(group[i].key, b.key)
         last = logits[[i for _, i in members], -1]
         tokens = sample(last, [b.sampling for b, _ in members])
         scores = token_scores(last, tokens, [b.logprobs for b, _ in members])
@@ -200,25 +221,44 @@ class GenerationEngine:
             else None
             for i, (a, n) in enumerate(zip(group, lengths, strict=True))
         ]
-        self._ensure_room(rows=len(self._rows) + len(members), left=width)
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
-            self._add_row(b, token, cache, i, lengths[i], width)
+            self._rows.append(_Row(b.key, lengths[i], token, b.sampling, b.logprobs))
             picked[b.key] = Picked(token, s, prompts[i])
-        self._cache.lo = min(row.start for row in self._rows)
         return picked
 
-    def _add_row(
-        self, a: Admission, token: int, prefill: PrefillCache, i: int, n: int, width: int
-    ) -> None:
-        """Copy row `i` of a prefill (its last `n` columns) into a new cache row."""
-        r, col = len(self._rows), self._cache.col
-        for layer in range(self._n_layers):
-            self._cache.keys[layer][r, :, col - n : col] = prefill.keys[layer][i, :, width - n :]
-            self._cache.values[layer][r, :, col - n : col] = prefill.values[layer][
-                i, :, width - n :
-            ]
-        self._rows.append(_Row(a.key, col - n, n, token, a.sampling, a.logprobs))
+    def _prefill_inputs(self, group: Sequence[Admission], cached: Sequence[int]):
+        """Token ids, positions, mask and cache of a prefill of what is not cached: queries
+        left-padded, so each row's last token is the last column."""
+        new = [len(a.tokens) - c for a, c in zip(group, cached, strict=True)]
+        width = max(new)
+        ids = torch.full((len(group), width), self._pad_id, dtype=torch.long)
+        positions = torch.zeros((len(group), width), dtype=torch.long)
+        slots, real = [], []
+        for i, (a, c, m) in enumerate(zip(group, cached, new, strict=True)):
+            ids[i, width - m :] = torch.from_numpy(a.tokens[c:].astype(np.int64))
+            positions[i, width - m :] = torch.arange(c, c + m)
+            slots += [self.blocks.slot(a.key, p) for p in range(c, c + m)]
+            real += range(i * width + width - m, (i + 1) * width)
+        blocks, keys = self._tables([a.key for a in group])
+        # a query sees every key up to its own position; padding queries see position 0
+        mask = torch.arange(keys)[None, None, :] <= positions[:, :, None]
+        cache = PagedCache(
+            self.store,
+            torch.tensor(slots, device=self.device),
+            torch.tensor(real, device=self.device),
+            blocks,
+            len(group),
+        )
+        return ids.to(self.device), positions.to(self.device), mask[:, None].to(self.device), cache
+
+    def _tables(self, keys: Sequence[int]) -> tuple[torch.Tensor, int]:
+        """The rows' block tables padded with the null block and flattened, and the number
+        of key positions each row then spans."""
+        tables = [self.blocks.table(key) for key in keys]
+        longest = max(len(t) for t in tables)
+        flat = [b for t in tables for b in (*t, *[NULL_BLOCK] * (longest - len(t)))]
+        return torch.tensor(flat, device=self.device), longest * self.block_size
 
     def _forward(self, ids, mask, positions, cache, keep: int = 1) -> torch.Tensor:
         """The model's logits (B, positions kept, V) in float32."""
@@ -231,49 +271,6 @@ class GenerationEngine:
             logits_to_keep=keep,
         )
         return out.logits
-
-    # ---- row buffers ----------------------------------------------------------------------
-
-    def _remove_row(self, index: int) -> None:
-        last = len(self._rows) - 1
-        if index != last:
-            lo, col = self._cache.lo, self._cache.col
-            for layer in range(self._n_layers):
-                for buffer in (self._cache.keys[layer], self._cache.values[layer]):
-                    buffer[index, :, lo:col] = buffer[last, :, lo:col]
-            self._rows[index] = self._rows[last]
-        self._rows.pop()
-        if self._rows:
-            self._cache.lo = min(row.start for row in self._rows)
-        else:
-            self._cache.lo = self._cache.col = 0
-
-    def _ensure_room(self, *, rows: int, left: int) -> None:
-        """Make room for `rows` rows, `left` columns before `col` and one column after it,
-        moving the live window to the buffer's start (and growing it) only when needed."""
-        cache = self._cache
-        cap_rows, cap_width = self._capacity
-        live = cache.col - cache.lo
-        span = max(live, left)
-        if rows <= cap_rows and cache.col >= span and cache.col + 1 <= cap_width:
-            return
-        new_rows = max(rows, cap_rows, 4) if rows <= cap_rows else max(rows, 2 * cap_rows)
-        new_width = max(cap_width, span + max(64, span // 2))
-        shape = (new_rows, self._kv_heads, new_width, self._head_dim)
-        keys = [torch.zeros(shape, device=self.device) for _ in range(self._n_layers)]
-        values = [torch.zeros(shape, device=self.device) for _ in range(self._n_layers)]
-        shift = span - cache.col  # the window now ends at column `span`
-        n = len(self._rows)
-        for layer in range(len(cache.keys)):
-            keys[layer][:n, :, span - live : span] = cache.keys[layer][:n, :, cache.lo : cache.col]
-            values[layer][:n, :, span - live : span] = cache.values[layer][
-                :n, :, cache.lo : cache.col
-            ]
-        for row in self._rows:
-            row.start += shift
-        cache.keys, cache.values = keys, values
-        cache.col, cache.lo = span, span - live
-        self._capacity = (new_rows, new_width)
 
 
 def _eos_ids(model) -> set[int]:

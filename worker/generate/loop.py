@@ -15,6 +15,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from common import metrics
 from common.protocol import GenerateEntry
@@ -55,6 +56,12 @@ class GenerationLoop:
         self._keys = itertools.count()
         self._order = itertools.count()
         self._retire: list[int] = []  # rows to free before the next step
+        self._names: dict[int, list[bytes]] = {}
+        self._cache_seen = (
+            0,
+            0,
+            0,
+        )  # block manager counters already in the metrics  # waiting sequences' prefix block names
         self._grammars: Grammars | None = None  # built at the first structured request
         self._step_started_s: float | None = None  # set while a step computes
         self.steps_run = 0
@@ -145,7 +152,7 @@ class GenerationLoop:
         """Pause and admit as the policy says; the sequences admitted now."""
         plan = plan_step(
             [s.view(k) for k, s in self._running.items()],
-            [s.view(k) for k, s in self._waiting.items()],
+            [replace(s.view(k), cached=self._cached(k, s)) for k, s in self._waiting.items()],
             self._limits,
         )
         for key in plan.preempt:
@@ -153,11 +160,24 @@ class GenerationLoop:
             self._retire.append(key)
             metrics.preemptions_total.labels(self._model).inc()
         admitted = [(key, self._waiting.pop(key)) for key in plan.admit]
+        for key, _ in admitted:
+            self._names.pop(key, None)
         for key, seq in admitted:
             self._running[key] = seq
             if seq.queue_ms < 0:
                 seq.queue_ms = max(0.0, wall_ms() - seq.entry.enqueued_ms)
         return admitted
+
+    def _cached(self, key: int, seq: Sequence) -> int:
+        """Leading tokens of a waiting sequence the prefix cache holds now (its block names
+        are computed once while it waits)."""
+        if not self._engine.blocks.caching:
+            return 0
+        tokens = seq.tokens()
+        names = self._names.get(key)
+        if names is None:
+            names = self._names[key] = self._engine.blocks.names(tokens.tolist())
+        return self._engine.blocks.cached_tokens(tokens.tolist(), names)
 
     async def _step(
         self, loop: asyncio.AbstractEventLoop, admitted: list[tuple[int, Sequence]]
@@ -203,13 +223,30 @@ class GenerationLoop:
                     done.append((seq.held.stream, seq.held.entry_id))
         metrics.generated_tokens_total.labels(self._model).inc(len(new_tokens))
         metrics.running_sequences.labels(self._model).set(len(self._running))
-        metrics.kv_cache_usage_ratio.labels(self._model).set(
-            self._engine.cache_positions() / self._limits.kv_tokens
-        )
+        metrics.kv_cache_usage_ratio.labels(self._model).set(self._engine.usage_ratio())
+        self._count_cache()
         if replies or done:
             self._intake.publish_soon(replies, done, ordered=True)
         if done:
             self._intake.changed.set()  # room for the reader
+
+    def _count_cache(self) -> None:
+        """Move the block manager's counters into the metrics."""
+        stats, seen = self._engine.blocks.stats, self._cache_seen
+        now = (stats.queried_tokens, stats.hit_tokens, stats.evictions)
+        for counter, before, after in zip(
+            (
+                metrics.prefix_cache_queried_tokens_total,
+                metrics.prefix_cache_hit_tokens_total,
+                metrics.kv_cache_evictions_total,
+            ),
+            seen,
+            now,
+            strict=True,
+        ):
+            if after > before:
+                counter.labels(self._model).inc(after - before)
+        self._cache_seen = now
 
     def _observe_token(self, seq: Sequence, now_s: float) -> None:
         if seq.last_token_s is None:
@@ -233,6 +270,7 @@ class GenerationLoop:
             ]
             for key in gone:
                 seq = table.pop(key)
+                self._names.pop(key, None)
                 if table is self._running:
                     self._retire.append(key)
                 if seq.family.ended:

@@ -2,10 +2,12 @@
 
 Iteration-level (continuous) batching, as in Orca, vLLM and TGI: every step decodes one token
 for each running sequence; between steps finished sequences leave and waiting ones join while
-the step's token budget, the running-sequence limit and the KV budget allow. Sequences are
-right-aligned in one padded KV cache, so its cost is `running x longest`: that product is what
-the KV budget bounds. When it would be exceeded the newest sequences are paused (preempted)
-and later recomputed from their prompt plus what they generated; nothing is dropped.
+the step's token budget, the running-sequence limit and the KV budget allow. The KV cache is
+paged: a sequence holds whole blocks, so the budget bounds the sum of each sequence's length
+rounded up to a block (counting shared prefix blocks once per owner: never more than the
+pool holds). When it would be exceeded the newest sequences are paused (preempted) and later
+recomputed from their prompt plus what they generated, mostly from the prefix cache;
+nothing is dropped. A prompt's cached prefix costs the step budget nothing.
 
 A pure function of plain numbers, like `batching.next_batch`: no torch, no Redis.
 """
@@ -24,21 +26,28 @@ class SeqView:
     """What the policy sees of one sequence."""
 
     key: int
-    length: int  # tokens it holds in the KV cache (running) or must prefill (waiting)
+    length: int  # tokens it holds in the KV cache (running) or its prompt (waiting)
     priority: int
     order: int  # arrival order; a preempted sequence keeps its own, so it rejoins first
     shares: int | None = None  # a sibling whose prefill it shares when both join at once
+    cached: int = 0  # leading prompt tokens the prefix cache holds (waiting only)
 
 
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
     max_running: int  # sequences decoding together
     step_tokens: int  # prefill plus decode tokens one step may compute
-    kv_tokens: int  # padded KV cache positions: running sequences x longest
+    kv_tokens: int  # KV cache positions, each sequence's rounded up to whole blocks
+    block_size: int = 1
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineLimits:
-        return cls(settings.max_running_seqs, settings.max_step_tokens, settings.kv_cache_tokens)
+        return cls(
+            settings.max_running_seqs,
+            settings.max_step_tokens,
+            settings.kv_cache_tokens,
+            settings.kv_block_size,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +56,9 @@ class StepPlan:
     admit: tuple[int, ...]  # waiting keys to prefill this step, in order
 
 
-def kv_usage(lengths: Sequence[int]) -> int:
-    """Padded cache positions that sequences of these lengths occupy together."""
-    return len(lengths) * max(lengths, default=0)
+def kv_usage(lengths: Sequence[int], block_size: int = 1) -> int:
+    """Cache positions that sequences of these lengths hold: whole blocks each."""
+    return sum(-(-n // block_size) for n in lengths) * block_size
 
 
 def plan_step(
@@ -64,7 +73,10 @@ def plan_step(
     """
     kept = sorted(running, key=lambda s: s.order)
     preempt: list[int] = []
-    while len(kept) > 1 and kv_usage([s.length + 1 for s in kept]) > limits.kv_tokens:
+    while (
+        len(kept) > 1
+        and kv_usage([s.length + 1 for s in kept], limits.block_size) > limits.kv_tokens
+    ):
         preempt.append(kept.pop().key)
     if preempt:
         return StepPlan(tuple(preempt), ())
@@ -75,12 +87,13 @@ def plan_step(
     queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
     for seq in queue:
         idle = not lengths
-        prefill = 0 if seq.shares in admit else seq.length  # a shared prefill costs once
+        # a shared prefill costs once; a cached prefix nothing (its last token is computed)
+        prefill = 0 if seq.shares in admit else seq.length - seq.cached
         if len(lengths) + 1 > limits.max_running:
             break
         if not idle and prefill and step_tokens + prefill > limits.step_tokens:
             break
-        if not idle and kv_usage([*lengths, seq.length]) > limits.kv_tokens:
+        if not idle and kv_usage([*lengths, seq.length], limits.block_size) > limits.kv_tokens:
             break
         admit.append(seq.key)
         lengths.append(seq.length)

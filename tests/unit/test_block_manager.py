@@ -1,0 +1,174 @@
+"""The paged KV cache's bookkeeping: tables, sharing, prefix hits, eviction, copy-on-write."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.generate.blocks import NULL_BLOCK, BlockManager, block_hashes
+
+BS = 4
+
+
+def manager(blocks: int = 32, caching: bool = True) -> BlockManager:
+    return BlockManager(blocks, BS, caching, namespace=b"model")
+
+
+def run(m: BlockManager, key: int, tokens: list[int], generated: list[int] = ()) -> int:
+    """Admit a prompt, decode `generated` after it, commit each step like the engine."""
+    cached = m.admit(key, tokens)
+    m.commit([key])
+    for token in generated:
+        m.append(key, token)
+        m.commit([key])
+    return cached
+
+
+def test_a_table_covers_every_position_and_never_uses_the_null_block() -> None:
+    m = manager()
+    run(m, 1, list(range(10)))
+    table = m.table(1)
+    assert len(table) == 3 and NULL_BLOCK not in table
+    assert [m.slot(1, p) for p in (0, 4, 9)] == [table[0] * BS, table[1] * BS, table[2] * BS + 1]
+
+
+def test_a_second_prompt_with_the_same_prefix_reuses_its_full_blocks() -> None:
+    m = manager()
+    assert run(m, 1, list(range(10))) == 0
+    assert run(m, 2, [*range(8), 99, 98]) == 8  # two full blocks shared
+    assert m.table(2)[:2] == m.table(1)[:2]
+    assert m.table(2)[2] != m.table(1)[2]
+    assert (m.stats.queried_tokens, m.stats.hit_tokens) == (20, 8)
+
+
+def test_the_last_prompt_token_is_always_recomputed() -> None:
+    m = manager()
+    run(m, 1, list(range(8)))
+    assert m.cached_tokens(list(range(8))) == 4  # not 8: its logits are needed
+
+
+def test_a_finished_sequence_leaves_prompt_and_output_cached_for_the_next_turn() -> None:
+    m = manager()
+    prompt, reply = list(range(6)), [50, 51, 52, 53, 54]
+    run(m, 1, prompt, reply)  # 11 tokens in the cache
+    m.free(1)
+    next_turn = [*prompt, *reply, 60, 61, 62]
+    assert m.cached_tokens(next_turn) == 8
+    assert run(m, 2, next_turn) == 8
+
+
+def test_a_different_namespace_or_token_never_hits() -> None:
+    m = manager()
+    run(m, 1, list(range(9)))
+    assert m.cached_tokens([0, 1, 2, 7, 4, 5, 6, 7, 8]) == 0
+    other = BlockManager(32, BS, namespace=b"other")
+    assert block_hashes(list(range(8)), BS, b"model") != other.names(list(range(8)))
+
+
+def test_a_hash_collision_costs_a_recompute_never_a_wrong_block() -> None:
+    m = manager()
+    run(m, 1, list(range(9)))
+    names = m.names(list(range(9)))
+    assert m.cached_tokens([9, 9, 9, 9, 9, 9, 9, 9, 9], names) == 0  # names lie, tokens differ
+
+
+def test_caching_off_names_nothing() -> None:
+    m = manager(caching=False)
+    run(m, 1, list(range(9)))
+    m.free(1)
+    assert run(m, 2, list(range(9))) == 0
+    assert m.stats.queried_tokens == 0
+
+
+def test_freed_named_blocks_are_reused_last_and_tails_evicted_first() -> None:
+    m = manager(blocks=7)  # six usable
+    run(m, 1, list(range(12)))  # three named blocks
+    m.free(1)
+    run(m, 2, [100, 101, 102, 103, 104])  # two blocks: both from never-used ids
+    assert m.stats.evictions == 0
+    m.free(2)
+    run(m, 3, [200] * 12)  # takes 1 unnamed + 1 named + more: the tail goes first
+    assert m.stats.evictions >= 1
+    assert m.cached_tokens(list(range(5))) == 4  # the head block survived
+
+
+def test_siblings_share_blocks_until_one_writes_then_copy_on_write() -> None:
+    m = manager()
+    m.admit(1, list(range(6)))
+    m.commit([1])
+    m.fork(1, 2)
+    assert m.table(1) == m.table(2)
+    assert m.append(1, 7) is not None  # the shared partial block is copied for the writer
+    assert m.append(2, 8) is None  # the other is now its only owner
+    assert m.table(1)[0] == m.table(2)[0]  # the full block stays shared
+    assert m.table(1)[1] != m.table(2)[1]
+    assert m.stats.copies == 1
+
+
+def test_admitting_past_the_pool_is_refused_and_leaves_it_unchanged() -> None:
+    m = manager(blocks=4)  # three usable
+    run(m, 1, list(range(8)))
+    with pytest.raises(MemoryError):
+        m.admit(2, [*range(4), 50, 51, 52, 53, 54])  # needs 2 new beyond the shared one
+    assert m.used == 2
+    m.free(1)
+    assert m.used == 0
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["admit", "append", "fork", "free"]),
+        st.integers(0, 5),
+        st.lists(st.integers(0, 3), min_size=1, max_size=14),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+def test_random_schedules_keep_the_pool_consistent(schedule) -> None:
+    """Every live position has one slot; a slot two sequences share holds the same token
+    at the same position; refs match the tables; used + free = the pool."""
+    m = manager(blocks=24)
+    live: dict[int, list[int]] = {}
+    for op, key, tokens in schedule:
+        if op == "admit" and key not in live:
+            try:
+                m.admit(key, tokens)
+            except MemoryError:
+                continue
+            m.commit([key])
+            live[key] = list(tokens)
+        elif op == "append" and key in live:
+            try:
+                m.append(key, tokens[0])
+            except MemoryError:
+                live[key].append(tokens[0])  # the manager recorded the token before failing
+                m.free(key)
+                del live[key]
+                continue
+            m.commit([key])
+            live[key].append(tokens[0])
+        elif op == "fork" and key in live and key + 10 not in live:
+            m.fork(key, key + 10)
+            live[key + 10] = list(live[key])
+        elif op == "free" and key in live:
+            m.free(key)
+            del live[key]
+        holder: dict[int, tuple[int, int]] = {}
+        for k, toks in live.items():
+            assert m.length(k) == len(toks)
+            for p, t in enumerate(toks):
+                slot = m.slot(k, p)
+                assert slot // BS != NULL_BLOCK
+                if slot in holder:
+                    assert holder[slot] == (p, t), "two sequences wrote one slot differently"
+                holder[slot] = (p, t)
+        refs: dict[int, int] = {}
+        for k in live:
+            for b in m.table(k):
+                refs[b] = refs.get(b, 0) + 1
+        assert len(refs) == m.used
+        assert all(m._refs[b] == n for b, n in refs.items())
