@@ -155,7 +155,7 @@ def test_greedy_output_is_generates_under_any_schedule(
 def test_a_chats_next_turn_prefills_only_its_new_tokens(tiny_model: Path, reference) -> None:
     engine = GenerationEngine(tiny_model, kv_tokens=512, block_size=4)
     system = list(range(10, 50))
-    first = drive(engine, [(system + [60, 61, 62], 8)], AllAtOnce())
+    first = drive(engine, [([*system, 60, 61, 62], 8)], AllAtOnce())
     before = engine.blocks.stats.hit_tokens
     history = system + [60, 61, 62] + first[0] + [70, 71]
     second = drive(engine, [(history, 4)], AllAtOnce())
@@ -176,5 +176,9 @@ def test_fp8_storage_halves_bfloat16_and_stays_close(tiny_model: Path, reference
     assert per_head_fp32 == 4 * full.store.head_dim
     jobs = [(list(range(5, 40)), 12), (list(range(100, 120)), 12)]
     out = drive(fp8, jobs, AllAtOnce())
-    same = sum(a == b for j, (p, n) in enumerate(jobs) for a, b in zip(out[j], reference(p, n)))
+    same = sum(
+        a == b
+        for j, (p, n) in enumerate(jobs)
+        for a, b in zip(out[j], reference(p, n), strict=True)
+    )
     assert same >= 12  # a quantized cache may drift late; it must not be garbage from the start

@@ -157,18 +157,22 @@ def test_random_schedules_keep_the_pool_consistent(schedule) -> None:
         elif op == "free" and key in live:
             m.free(key)
             del live[key]
-        holder: dict[int, tuple[int, int]] = {}
-        for k, toks in live.items():
-            assert m.length(k) == len(toks)
-            for p, t in enumerate(toks):
-                slot = m.slot(k, p)
-                assert slot // BS != NULL_BLOCK
-                if slot in holder:
-                    assert holder[slot] == (p, t), "two sequences wrote one slot differently"
-                holder[slot] = (p, t)
-        refs: dict[int, int] = {}
-        for k in live:
-            for b in m.table(k):
-                refs[b] = refs.get(b, 0) + 1
-        assert len(refs) == m.used
-        assert all(m._refs[b] == n for b, n in refs.items())
+        check_consistent(m, live)
+
+
+def check_consistent(m: BlockManager, live: dict[int, list[int]]) -> None:
+    holder: dict[int, tuple[int, int]] = {}
+    for k, toks in live.items():
+        assert m.length(k) == len(toks)
+        for p, t in enumerate(toks):
+            slot = m.slot(k, p)
+            assert slot // BS != NULL_BLOCK
+            if slot in holder:
+                assert holder[slot] == (p, t), "two sequences wrote one slot differently"
+            holder[slot] = (p, t)
+    refs: dict[int, int] = {}
+    for k in live:
+        for b in m.table(k):
+            refs[b] = refs.get(b, 0) + 1
+    assert len(refs) == m.used
+    assert all(m._refs[b] == n for b, n in refs.items())
