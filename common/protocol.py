@@ -16,7 +16,8 @@ from typing import ClassVar, Literal
 import msgpack
 import numpy as np
 
-VERSION = 3  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers
+VERSION = 4  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
+# 4: prompt tokens served from the prefix cache
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
@@ -121,6 +122,7 @@ class GenerationChunk(_Tokens):
     finish_reason: str  # "" while generating, else "stop" or "length"
     prompt_tokens: int
     completion_tokens: int  # generated so far, this chunk included
+    cached_tokens: int  # prompt tokens its first prefill took from the prefix cache
     queue_ms: float  # enqueue to first scheduling
     worker: str
     choice: int = 0  # which of the entry's `n` choices

@@ -105,12 +105,19 @@ class Submitted:
         return self.entries.ids
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage, with the prompt tokens the prefix cache served as it reports them."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+
+
+def cached(finals: list[GenerationChunk]) -> int:
+    """Cached prompt tokens of a request: each prompt counted once, by its first choice."""
+    return sum(c.cached_tokens for c in finals if c.choice == 0)
 
 
 def best(finals: list[GenerationChunk], candidates: int, n: int) -> list[list[GenerationChunk]]:
@@ -139,6 +146,8 @@ def whole_body(fmt: Format, request_id: str, name: str, sub: Submitted, finals: 
         "model": name,
         "system_fingerprint": sub.fingerprint,
         "choices": choices,
-        "usage": usage(sum(sub.prompt_tokens), sum(c.completion_tokens for c in finals)),
+        "usage": usage(
+            sum(sub.prompt_tokens), sum(c.completion_tokens for c in finals), cached(finals)
+        ),
     }
     return orjson.dumps(body)

@@ -49,6 +49,7 @@ class _ChoiceState:
     next_index: int = 0
     relayed: int = 0  # chunks sent to the client from the current attempt
     completion_tokens: int = 0
+    cached_tokens: int = 0
     finished: bool = False
     offset: int = -1  # legacy logprobs' text offset so far; -1 before the first event
 
@@ -114,7 +115,8 @@ class _Relay:
         else:
             if self.include_usage:
                 completion = sum(s.completion_tokens for s in self.states.values())
-                yield self._data([], usage=usage(sum(self.sub.prompt_tokens), completion))
+                hit = sum(s.cached_tokens for (_, c), s in self.states.items() if c == 0)
+                yield self._data([], usage=usage(sum(self.sub.prompt_tokens), completion, hit))
         yield b"data: [DONE]\n\n"
 
     async def _next(self) -> GenerationChunk | ErrorReply:
@@ -139,6 +141,7 @@ class _Relay:
             return self._error(_restarted(state)), True
         state.relayed += 1
         state.completion_tokens = chunk.completion_tokens
+        state.cached_tokens = chunk.cached_tokens
         if chunk.finish_reason:
             state.finished = True
             if all(self.states[(chunk.id, c)].finished for c in range(self.n)):

@@ -374,3 +374,33 @@ def test_sequences_preempted_for_the_kv_budget_finish_exactly_as_if_never_paused
     assert [a["choices"][0]["token_ids"] for a in answers] == expected
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     assert metric(metrics_url, "microbatch_preemptions_total") > 0
+
+
+def test_a_chats_next_turn_is_served_from_the_prefix_cache_and_says_so(
+    served, tiny_model: Path
+) -> None:
+    """The second turn carries the first's prompt and answer: its prefill reuses both, the
+    usage reports them as OpenAI does (prompt_tokens_details.cached_tokens), the metrics
+    count them, and the answer is still generate()'s."""
+    base, metrics_url, _ = served
+    system = list(range(100, 180))  # 80 tokens: five full blocks
+    first = httpx.post(
+        f"{base}/v1/completions",
+        json={"prompt": system, "max_tokens": 20, "temperature": 0, "return_token_ids": True},
+        timeout=60,
+    ).json()
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] % 16 == 0
+    hits_before = metric(metrics_url, "microbatch_prefix_cache_hit_tokens_total")
+    history = [*system, *first["choices"][0]["token_ids"], 30, 31, 32]
+    second = httpx.post(
+        f"{base}/v1/completions",
+        json={"prompt": history, "max_tokens": 8, "temperature": 0, "return_token_ids": True},
+        timeout=60,
+    ).json()
+    answer = first["choices"][0]["token_ids"]
+    computed = len(system) + len(answer) - 1  # the last answer token was never fed back
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == computed // 16 * 16
+    hits = metric(metrics_url, "microbatch_prefix_cache_hit_tokens_total") - hits_before
+    assert hits == computed // 16 * 16
+    assert metric(metrics_url, "microbatch_prefix_cache_queried_tokens_total") >= len(history)
+    assert second["choices"][0]["token_ids"] == reference_greedy(tiny_model, [history], [8])[0]

@@ -232,6 +232,7 @@ def _chunk(**fields) -> GenerationChunk:
         finish_reason="",
         prompt_tokens=3,
         completion_tokens=2,
+        cached_tokens=0,
         queue_ms=0.0,
         worker="w",
     )

@@ -50,6 +50,7 @@ class Picked:
     token: int
     scores: Scores | None = None
     prompt: Scores | None = None  # its prompt's, from the prefill that admitted it
+    cached: int = -1  # from a prefill: leading tokens the prefix cache held; -1: a decode
 
 
 @dataclass(slots=True)
@@ -224,7 +225,7 @@ class GenerationEngine:
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
             self._rows.append(_Row(b.key, lengths[i], token, b.sampling, b.logprobs))
-            picked[b.key] = Picked(token, s, prompts[i])
+            picked[b.key] = Picked(token, s, prompts[i], cached[i])
         return picked
 
     def _prefill_inputs(self, group: Sequence[Admission], cached: Sequence[int]):

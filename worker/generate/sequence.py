@@ -52,6 +52,7 @@ class Sequence:
     sent: int = 0  # generated tokens already in a chunk
     chunks: int = 0
     queue_ms: float = -1.0  # set when first scheduled
+    cached_tokens: int = -1  # prompt tokens its first prefill found cached; -1: not yet
     last_token_s: float | None = None
 
     @classmethod
@@ -113,6 +114,8 @@ class Sequence:
         prompt) the prefill's token is not taken: it ends at once."""
         if picked.prompt is not None:
             self.family.prompt = picked.prompt
+        if self.cached_tokens < 0 and picked.cached >= 0:
+            self.cached_tokens = min(picked.cached, self.entry.n_tokens)
         if self.entry.max_tokens == 0:
             return "", "length"
         token = picked.token
@@ -159,6 +162,7 @@ class Sequence:
             finish_reason=finish,
             prompt_tokens=entry.n_tokens,
             completion_tokens=len(self.generated),
+            cached_tokens=max(0, self.cached_tokens),
             queue_ms=self.queue_ms,
             worker=worker,
             choice=self.choice,
