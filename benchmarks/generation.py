@@ -183,8 +183,11 @@ async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, in
 
 
 @contextlib.contextmanager
-def microbatch_server(path: Path, log_dir: Path) -> Iterator[str]:
-    """redis-server, one worker and one gateway serving `path`; yields the gateway's URL."""
+def microbatch_server(
+    path: Path, log_dir: Path, workers: int = 1, **settings: str
+) -> Iterator[str]:
+    """redis-server, `workers` workers and one gateway serving `path` (`settings` as
+    MICROBATCH_ variables); yields the gateway's URL."""
     import httpx
 
     from tests.conftest import free_port  # the suite's helper, not a test dependency
@@ -197,11 +200,12 @@ def microbatch_server(path: Path, log_dir: Path) -> Iterator[str]:
         "MICROBATCH_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
         "MICROBATCH_MODEL": str(path),
         "MICROBATCH_PORT": str(http_port),
+        **{f"MICROBATCH_{k.upper()}": v for k, v in settings.items()},
     }
     redis = [shutil.which("redis-server"), "--port", str(redis_port), "--save", ""]
     procs = [subprocess.Popen([*redis, "--appendonly", "no"], stdout=subprocess.DEVNULL)]
-    for role in ("worker", "gateway"):
-        log = (log_dir / f"{role}.log").open("wb")
+    for n, role in enumerate(["worker"] * workers + ["gateway"]):
+        log = (log_dir / f"{role}-{n}.log").open("wb")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "common.cli", role],
@@ -249,8 +253,14 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
-    parser.add_argument("--arms", default="abcd")
+    parser.add_argument("--arms", default=None, help="default: abcd, or efgh for chat")
+    parser.add_argument("--workload", choices=("poisson", "chat"), default="poisson")
+    parser.add_argument("--conversations", type=int, default=16, help="chat only")
+    parser.add_argument("--turns", type=int, default=6, help="chat only")
     args = parser.parse_args()
+    if args.workload == "chat":
+        return main_chat(args)
+    args.arms = args.arms or "abcd"
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -285,6 +295,39 @@ def main() -> None:
         if "(a)" in by and other in by:
             print(f"ratio (a)/{other}: {by['(a)'] / by[other]:.2f}x")
     print(json.dumps(rows))
+
+
+def main_chat(args: argparse.Namespace) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks import chat_turns
+
+    arms = args.arms or "efgh"
+    path = model_path(args.shape)
+    chat = chat_turns.chat_workload(args.conversations, args.turns, SHAPES[args.shape][5])
+    log_dir = ROOT / ".bench" / "generation-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    if "e" in arms:
+        rows.append(chat_turns.arm_microbatch(path, chat, log_dir, "(e) microbatch, prefix cache"))
+    if "f" in arms:
+        rows.append(
+            chat_turns.arm_microbatch(
+                path, chat, log_dir, "(f) microbatch, no prefix cache", prefix_caching="false"
+            )
+        )
+    if "h" in arms:
+        rows.append(
+            chat_turns.arm_microbatch(
+                path, chat, log_dir, "(h) 2 workers, prefix cache", workers=2, torch_threads="1"
+            )
+        )
+    if "g" in arms:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.inference_mode():
+            rows.append(chat_turns.arm_transformers_cb(model, chat))
+    chat_turns.print_chat(rows, chat)
 
 
 if __name__ == "__main__":
