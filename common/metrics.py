@@ -112,6 +112,12 @@ kv_cache_usage_ratio = Gauge(
     "KV cache blocks running sequences hold, over the pool (kv_cache_tokens)",
     ["model"],
 )
+affinity_routes_total = Counter(
+    "microbatch_affinity_routes_total",
+    "Generation prompts a gateway sent to the worker caching their prefix (affine) or to "
+    "the shared streams (no known owner, or it was overloaded or gone)",
+    ["model", "route"],
+)
 prefix_cache_queried_tokens_total = Counter(
     "microbatch_prefix_cache_queried_tokens_total",
     "Prompt tokens looked up in the prefix cache at admission",

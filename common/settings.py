@@ -106,7 +106,12 @@ class Settings(BaseSettings):
     kv_cache_tokens: int = Field(default=32_768, gt=0)  # the paged KV pool, in positions
     kv_block_size: int = Field(default=16, gt=0)  # positions per KV cache block
     prefix_caching: bool = True  # keep full blocks named by their prefix for reuse
+    chunked_prefill: bool = True  # long prompts prefill over several steps, beside decodes
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"  # auto: the model's dtype
+    # Generation: gateways send a prompt to the worker caching its prefix (its own stream)
+    # unless it holds more than `affinity_max_imbalance` sequences over the least loaded
+    cache_aware_routing: bool = True
+    affinity_max_imbalance: int = Field(default=4, ge=0)
     cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
     # Embedding models: serve `dimensions` (matryoshka: the first d dimensions, renormalized)
     # below the model's own; None: only where its config.json declares matryoshka training

@@ -40,6 +40,13 @@ class Keys:
     def request(self, model: str, bucket: int) -> str:
         return f"{self.prefix}:{{{model}}}:req:{bucket}"
 
+    def affinity(self, model: str, worker: str) -> str:
+        """A generation worker's own stream: prompts whose prefix it caches."""
+        return f"{self.prefix}:{{{model}}}:aff:{worker}"
+
+    def load(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:load"
+
     def dead(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:dead"
 
@@ -204,21 +211,60 @@ async def register_model(
 
 
 async def heartbeat(
-    store: Store, keys: Keys, model: str, consumer: str, now_ms: int, stale_ms: int
+    store: Store,
+    keys: Keys,
+    model: str,
+    consumer: str,
+    now_ms: int,
+    stale_ms: int,
+    load: int | None = None,
 ) -> bool:
-    """Record that this consumer's loop is alive, and forget peers silent for long.
+    """Record that this consumer's loop is alive (with its `load`, sequences held, when it
+    reports one), and forget peers silent for long.
 
     Returns whether the model is still registered: False means Redis lost its data.
     """
     pipe = pipeline(store)
     pipe.zadd(keys.workers(model), {consumer: now_ms})
     pipe.zremrangebyscore(keys.workers(model), 0, now_ms - 60 * stale_ms)
+    if load is not None:
+        pipe.hset(keys.load(model), consumer, f"{load} {now_ms}")
     pipe.hexists(keys.models, model)
     return bool((await pipe.execute())[-1])
 
 
 async def leave(store: Store, keys: Keys, model: str, consumer: str) -> None:
+    """Leave the live set. A generation worker's load entry stays: it tells peers which
+    affinity stream to drain until no gateway can still route there (`forget_affinity`)."""
     await store.zrem(keys.workers(model), consumer)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    load: int  # sequences held at its last beat
+    beat_ms: int
+
+
+async def worker_loads(store: Store, keys: Keys, model: str) -> dict[str, WorkerLoad]:
+    """What each generation worker with an affinity stream last reported, live or not."""
+    rows = await store.hgetall(keys.load(model))
+    out = {}
+    for name, value in (rows or {}).items():
+        load, beat = _text(value).split()
+        out[_text(name)] = WorkerLoad(int(load), int(beat))
+    return out
+
+
+async def forget_affinity(store: Store, keys: Keys, model: str, worker: str) -> bool:
+    """Delete a long-dead worker's affinity stream and load entry if the stream is empty."""
+    stream = keys.affinity(model, worker)
+    if await store.xlen(stream):
+        return False
+    pipe = pipeline(store)
+    pipe.delete(stream)
+    pipe.hdel(keys.load(model), worker)
+    await pipe.execute()
+    return True
 
 
 async def registered_models(store: Store, keys: Keys) -> dict[str, bytes]:

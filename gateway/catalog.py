@@ -14,6 +14,7 @@ import logging
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
@@ -124,6 +125,8 @@ class Catalog:
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
         self._rates: dict[str, ServiceRate] = {}
+        # given each generation model's live workers and their loads, every refresh
+        self.on_loads: Callable[[str, dict[str, int]], None] | None = None
 
     async def refresh(self) -> None:
         async with self._lock:
@@ -168,6 +171,10 @@ class Catalog:
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
             models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)
+            if self.on_loads is not None and info.kind == "causal-lm":
+                live = {w.name for w in state.workers if w.live}
+                loads = await streams.worker_loads(self._store, self._keys, name)
+                self.on_loads(name, {w: r.load for w, r in loads.items() if w in live})
         for entry in list(models.values()):
             for alias in entry.info.aliases:  # served_model_name: the registered name wins
                 models.setdefault(alias, entry)

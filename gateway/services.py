@@ -10,12 +10,14 @@ import asyncio
 import itertools
 import os
 
-from common import streams
+from common import metrics, streams
 from common.buckets import bucket_for
 from common.errors import ServiceUnavailable
+from common.protocol import ModelInfo
 from common.settings import Settings
 from common.store import Store
 from common.tasks import OnDeath
+from gateway.affinity import AffinityRouter, names_of
 from gateway.auth import RateLimiter
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
@@ -46,6 +48,13 @@ class Services:
             if settings.rate_limit_per_key > 0
             else None
         )
+        self.affinity = (
+            AffinityRouter(settings.affinity_max_imbalance)
+            if settings.cache_aware_routing
+            else None
+        )
+        if self.affinity is not None:
+            self.catalog.on_loads = self.affinity.update_loads
         self.stop = asyncio.Event()
         self.alive = True  # false once a background task died: /healthz fails, requests 503
         self._nonce = os.urandom(4).hex()
@@ -59,6 +68,37 @@ class Services:
         largest bucket share it)."""
         buckets = self.settings.buckets
         return self.keys.request(model, bucket_for(n_tokens, buckets) or buckets[-1])
+
+    def affinity_names(
+        self, info: ModelInfo, prompt: list[int], session: str | None
+    ) -> list[bytes]:
+        """What a prompt is routed and remembered by; nothing when routing ignores it."""
+        if self.affinity is None or info.kind != "causal-lm":
+            return []
+        return names_of(prompt, info.name, session)
+
+    def generation_stream(
+        self, model: str, n_tokens: int, names: list[bytes]
+    ) -> tuple[str, str | None]:
+        """The stream of the worker caching this prompt's prefix, if one is live and not
+        overloaded (and that worker); else its length bucket's, which any worker reads."""
+        worker = self.affinity.route(model, names) if self.affinity and names else None
+        if names:
+            metrics.affinity_routes_total.labels(model, "affine" if worker else "shared").inc()
+        if worker is None:
+            return self.request_stream(model, n_tokens), None
+        return self.keys.affinity(model, worker), worker
+
+    def routes_answered(self, model: str, workers: list[str | None]) -> None:
+        """The prompts routed to `workers` are answered or failed: their load is gone."""
+        if self.affinity is not None:
+            for worker in workers:
+                if worker is not None:
+                    self.affinity.answered(model, worker)
+
+    def learn_route(self, names: list[bytes], worker: str) -> None:
+        if self.affinity is not None and names:
+            self.affinity.learn(names, worker)
 
     def on_death_of(self, task: str) -> OnDeath:
         """What happens when `task` (the reply reader, the catalog) ends before the gateway

@@ -58,6 +58,7 @@ class Consumer:
             room=loop.room,
             owned=intake.owned,
             hung=loop.hung,
+            orphans=intake.orphaned_streams,
         )
 
     @property
@@ -94,6 +95,11 @@ class Consumer:
             reader,
             spawn_supervised("reclaimer", self._reclaimer.run(stop), self._ended),
             spawn_supervised("cancellations", intake.watch_cancellations(stop), self._ended),
+            spawn_supervised(
+                "orphans",
+                self._reclaimer.adopt_orphans(stop, intake.settings.worker_stale_ms / 2000),
+                self._ended,
+            ),
         ]
         try:
             await self.loop.run(stop, reading=lambda: not reader.done())

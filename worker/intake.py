@@ -88,6 +88,9 @@ class Intake:
         self.model = limits.model
         self.keys = streams.Keys(settings.prefix)
         self.streams = [self.keys.request(self.model, b) for b in settings.buckets]
+        self.affine = limits.generates and settings.cache_aware_routing
+        if self.affine:  # prompts routed here for the prefixes this worker caches
+            self.streams.append(self.keys.affinity(self.model, name))
         self.changed = asyncio.Event()  # something arrived, left, finished or changed
         self.cancelled: set[str] = set()  # entry ids whose clients stopped waiting
         # (stream, entry id) held or computing here, until published; ids repeat across streams
@@ -261,12 +264,37 @@ class Intake:
                 self.name,
                 wall_ms(),
                 self.settings.worker_stale_ms,
+                load=self.loop.held if self.affine else None,
             )
             if not registered:  # Redis lost its data (restart without persistence, flush)
                 log.warning("model registration vanished; registering %s again", self.model)
                 await self._register()
         except RedisError as exc:
             log.warning("heartbeat failed: %s", exc)
+
+    async def orphaned_streams(self) -> list[str]:
+        """Affinity streams of peers that left or stopped beating: theirs to drain, ours
+        now. Once no gateway can route to one (silent for 60 x `worker_stale_ms`, as the
+        registry forgets it) and its stream is empty, its stream and entry are deleted."""
+        if not self.affine:
+            return []
+        now = wall_ms()
+        stale_ms = self.settings.worker_stale_ms
+        live = {
+            peer
+            for peer, beat in await streams.worker_beats(self.store, self.keys, self.model)
+            if beat >= now - stale_ms
+        }
+        out = []
+        for peer, report in (await streams.worker_loads(self.store, self.keys, self.model)).items():
+            if peer == self.name or peer in live:
+                continue
+            if report.beat_ms < now - 60 * stale_ms and await streams.forget_affinity(
+                self.store, self.keys, self.model, peer
+            ):
+                continue
+            out.append(self.keys.affinity(self.model, peer))
+        return out
 
     # ---- cancellation ----------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ class Reclaimer:
         room: Callable[[], int],
         owned: set[tuple[str, str]],
         hung: Callable[[], bool],
+        orphans: Callable[[], Awaitable[list[str]]] | None = None,
     ) -> None:
         self._store = store
         self._consumer = consumer
@@ -45,6 +46,7 @@ class Reclaimer:
         self._room = room
         self._owned = owned  # shared with the consumer: (stream, id) held or computing
         self._hung = hung
+        self._orphans = orphans
 
     async def drain_own_pending(self) -> None:
         """After a restart under the same name, our own pending entries come first."""
@@ -80,6 +82,35 @@ class Reclaimer:
                         await self._reclaim(stream)
             except RedisError as exc:
                 log.warning("reclaim or lease renewal failed: %s", exc)
+
+    async def adopt_orphans(self, stop: asyncio.Event, period_s: float) -> None:
+        """Every `period_s`, take what a dead peer's own (affinity) stream holds: entries
+        it never read at once, those it was computing once idle for `claim_idle_ms`."""
+        if self._orphans is None:
+            return
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period_s)
+                return
+            if self._hung():
+                continue
+            try:
+                for stream in await self._orphans():
+                    await self._adopt(stream)
+            except RedisError as exc:
+                log.warning("adopting a dead peer's entries failed: %s", exc)
+
+    async def _adopt(self, stream: str) -> None:
+        while (room := self._room()) > 0:
+            read = await streams.read_group(
+                self._store, self._consumer, {stream: ">"}, count=room, block_ms=None
+            )
+            if not read:
+                break
+            log.warning("took %d entries from the stream of dead peer %s", len(read), stream)
+            metrics.redeliveries_total.inc(len(read))
+            await self._accept(read, {})
+        await self._reclaim(stream)
 
     async def _renew(self) -> None:
         by_stream: dict[str, list[str]] = defaultdict(list)

@@ -99,6 +99,8 @@ class Submitted:
     shape: Shape
     fingerprint: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
+    routed: list[list[bytes]] = field(default_factory=list)  # per entry: its affinity names
+    owners: list[str | None] = field(default_factory=list)  # per entry: the worker routed to
 
     @property
     def ids(self) -> list[str]:

@@ -89,6 +89,7 @@ class _Ask:
     request_id: str
     priority: int
     timeout_ms: int
+    session: str | None = None  # an explicit affinity key
 
 
 def _entries(
@@ -104,7 +105,7 @@ def _entries(
     base = services.next_id()
     stops = _stops(req)
     sampling = sampling_fields(req, model.info.vocab_size)
-    items, ids = [], []
+    items, ids, routed, owners = [], [], [], []
     for i, (prompt, n_new) in enumerate(prompts):
         entry = GenerateEntry(
             id=f"{base}.{i}",
@@ -126,11 +127,20 @@ def _entries(
             prompt_logprobs=req.prompt_logprobs,
             **sampling,
         )
-        items.append((services.request_stream(model.info.name, len(prompt)), encode(entry)))
+        names = services.affinity_names(model.info, prompt.tolist(), ask.session)
+        stream, worker = services.generation_stream(model.info.name, len(prompt), names)
+        items.append((stream, encode(entry)))
         ids.append(entry.id)
+        routed.append(names)
+        owners.append(worker)
     entries = Entries(model.info.name, items, ids, deadline_ms, ask.timeout_ms)
     return Submitted(
-        entries, [len(p) for p, _ in prompts], shape, fingerprint=model.info.fingerprint
+        entries,
+        [len(p) for p, _ in prompts],
+        shape,
+        fingerprint=model.info.fingerprint,
+        routed=routed,
+        owners=owners,
     )
 
 
@@ -163,7 +173,8 @@ async def _generate(
     prompts = await prepare(services, model, req)
     check_min_tokens(req, prompts.new_tokens)
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, timeout_ms)
-    ask = _Ask(request_id, priority_of(request), timeout_ms)
+    session = request.headers.get("x-microbatch-session") or req.user
+    ask = _Ask(request_id, priority_of(request), timeout_ms, session)
     shape = Shape(
         model.tokenizer,
         with_ids=req.return_token_ids,
@@ -177,7 +188,14 @@ async def _generate(
     sub = _entries(services, model, req, pairs, ask, shape)
     if req.stream:
         return stream(services, fmt, model.info.name, request_id, req, sub)
-    finals: list[GenerationChunk] = await submit(services, request, sub.entries, req.candidates)  # type: ignore[assignment]
+    try:
+        finals: list[GenerationChunk] = await submit(services, request, sub.entries, req.candidates)  # type: ignore[assignment]
+    finally:
+        services.routes_answered(model.info.name, sub.owners)
+    for entry_id, names in zip(sub.ids, sub.routed, strict=True):
+        worker = next((c.worker for c in finals if c.id == entry_id), None)
+        if worker:
+            services.learn_route(names, worker)
     return Response(
         whole_body(fmt, request_id, name, sub, finals),
         200,

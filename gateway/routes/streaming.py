@@ -98,6 +98,13 @@ class _Relay:
 
     async def events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
         try:
+            async for event in self._events(items):
+                yield event
+        finally:
+            self.services.routes_answered(self.sub.entries.model, self.sub.owners)
+
+    async def _events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
+        try:
             await self.services.enqueuer.add(items)
         except ServiceUnavailable as exc:
             yield self._error(exc)
@@ -139,6 +146,9 @@ class _Relay:
             return b"", False
         if verdict == "restarted":
             return self._error(_restarted(state)), True
+        if state.relayed == 0 and chunk.choice == 0 and self.sub.routed:
+            names = self.sub.routed[self.sub.ids.index(chunk.id)]
+            self.services.learn_route(names, chunk.worker)
         state.relayed += 1
         state.completion_tokens = chunk.completion_tokens
         state.cached_tokens = chunk.cached_tokens

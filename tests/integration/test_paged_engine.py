@@ -72,6 +72,10 @@ class Drawn:
             return None
         return self.data.draw(st.sampled_from(running))
 
+    def budget(self, pending: int) -> int | None:
+        """Prompt tokens to prefill this step (a chunk), or None for all that is left."""
+        return self.data.draw(st.sampled_from([None, None, 1, 3, 9]))  # across block edges
+
 
 class AllAtOnce:
     """Everyone joins as soon as it fits; nobody is preempted."""
@@ -81,6 +85,19 @@ class AllAtOnce:
 
     def preempt(self, running: list[int]) -> int | None:
         return None
+
+    def budget(self, pending: int) -> int | None:
+        return None
+
+
+def chunks(engine, schedule, running: dict, jobs: list, out: dict) -> dict[int, int]:
+    """Prompt tokens each running key may prefill this step, where the schedule caps them."""
+    budgets = {}
+    for key, job in running.items():
+        budget = schedule.budget(engine.pending(key) or len(jobs[job][0]) + len(out[job]))
+        if budget is not None:
+            budgets[key] = budget
+    return budgets
 
 
 def drive(engine: GenerationEngine, jobs: list[tuple[list[int], int]], schedule) -> dict:
@@ -114,7 +131,7 @@ def drive(engine: GenerationEngine, jobs: list[tuple[list[int], int]], schedule)
             tokens = np.asarray(jobs[job][0] + out[job], dtype=np.uint32)
             newcomers.append(Admission(key, tokens, Sampling(**GREEDY)))
         waiting = waiting[joins:]
-        picked = engine.step(newcomers)
+        picked = engine.step(newcomers, chunks(engine, schedule, running, jobs, out))
         done = []
         for key, p in picked.items():
             job = running[key]

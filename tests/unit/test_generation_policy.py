@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from worker.generate.scheduler import EngineLimits, SeqView, kv_usage, plan_step, prefill_groups
 
-LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000)
+LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000, chunked=False)
+CHUNKED = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000, chunked=True)
 
 
 def seq(key: int, length: int, order: int | None = None, priority: int = PRIORITY_BATCH) -> SeqView:
@@ -18,7 +19,7 @@ def seq(key: int, length: int, order: int | None = None, priority: int = PRIORIT
 def test_waiting_sequences_join_a_running_batch_while_the_limits_allow() -> None:
     plan = plan_step([seq(0, 10)], [seq(1, 30), seq(2, 30), seq(3, 30)], LIMITS)
     # decode 1 + 30 + 30 = 61 tokens; a third newcomer would make it 91 <= 100: allowed
-    assert plan == plan.__class__((), (1, 2, 3))
+    assert plan == plan.__class__((), (1, 2, 3), {})
 
 
 def test_the_step_token_budget_stops_admission_in_arrival_order() -> None:
@@ -57,7 +58,7 @@ def test_the_running_limit_caps_admission() -> None:
 
 def test_interactive_sequences_join_before_earlier_batch_ones() -> None:
     waiting = [seq(1, 10, order=1), seq(2, 10, order=2, priority=PRIORITY_INTERACTIVE)]
-    assert plan_step([], waiting, EngineLimits(1, 100, 1000)).admit == (2,)
+    assert plan_step([], waiting, EngineLimits(1, 100, 1000, chunked=False)).admit == (2,)
 
 
 def test_the_newest_running_sequences_are_preempted_when_the_kv_budget_overflows() -> None:
@@ -107,3 +108,51 @@ def test_prefill_groups_join_only_similar_lengths() -> None:
         padded = max(lengths[i] for i in group) * len(group)
         assert padded - real <= 0.1 * padded
     assert [sorted(g) for g in groups] == [[1, 4, 5], [0, 2, 6], [3]]
+
+
+def test_a_long_prompt_starts_with_a_chunk_of_what_is_left_of_the_step() -> None:
+    plan = plan_step([seq(0, 10)], [seq(1, 150), seq(2, 5)], CHUNKED)
+    assert plan.admit == (1,) and plan.budgets == {1: 99}  # 2 still may not overtake 1
+
+
+def test_a_prompt_begun_earlier_goes_on_first_then_newcomers_share_the_rest() -> None:
+    filling = SeqView(1, 150, PRIORITY_BATCH, 1, pending=51)
+    plan = plan_step([seq(0, 10), filling], [seq(2, 60)], CHUNKED)
+    assert plan.budgets == {1: 51, 2: 48} and plan.admit == (2,)
+
+
+def test_a_small_remainder_does_not_start_a_long_prompt() -> None:
+    plan = plan_step(
+        [seq(0, 10), SeqView(1, 150, PRIORITY_BATCH, 1, pending=80)], [seq(2, 60)], CHUNKED
+    )
+    assert plan.admit == ()  # 19 tokens left: below the smallest chunk worth starting
+
+
+def test_an_idle_engine_starts_a_long_prompt_within_the_budget() -> None:
+    plan = plan_step([], [seq(1, 500), seq(2, 5)], CHUNKED)
+    assert plan.admit == (1,) and plan.budgets == {1: 100}
+
+
+def test_a_prompt_asking_for_its_scores_is_never_chunked() -> None:
+    scored = SeqView(1, 150, PRIORITY_BATCH, 1, whole=True)
+    assert plan_step([seq(0, 10)], [scored], CHUNKED).admit == ()
+    assert plan_step([], [scored], CHUNKED).budgets == {}  # alone: past the budget, whole
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 400), st.integers(0, 400)), max_size=6),
+    st.lists(st.integers(1, 400), max_size=6),
+)
+def test_a_chunked_step_never_exceeds_its_token_budget(running: list, waiting: list) -> None:
+    run = [SeqView(i, n, PRIORITY_BATCH, i, pending=min(p, n)) for i, (n, p) in enumerate(running)]
+    wait = [seq(100 + i, n) for i, n in enumerate(waiting)]
+    plan = plan_step(run, wait, CHUNKED)
+    if plan.preempt:
+        return
+    decodes = sum(1 for s in run if not s.pending)
+    prefills = sum(plan.budgets.get(s.key, s.length) for s in wait if s.key in plan.admit) + sum(
+        plan.budgets[s.key] for s in run if s.pending
+    )
+    if run or len(plan.admit) > 1:
+        assert decodes + prefills <= max(CHUNKED.step_tokens, decodes)
+    assert all(s.key in plan.budgets for s in run if s.pending)

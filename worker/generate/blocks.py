@@ -20,27 +20,18 @@ Pure bookkeeping: no torch. The engine applies the copies it is told about.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
+from common.prefix import next_name, prefix_names
 
 NULL_BLOCK = 0
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, namespace: bytes) -> list[bytes]:
     """Chained names of the full blocks of `tokens`: each covers its whole prefix."""
-    array = np.asarray(tokens, dtype=np.int64)
-    names: list[bytes] = []
-    parent = namespace
-    for start in range(0, len(array) - block_size + 1, block_size):
-        digest = hashlib.blake2b(parent, digest_size=16)
-        digest.update(array[start : start + block_size].tobytes())
-        parent = digest.digest()
-        names.append(parent)
-    return names
+    return prefix_names(tokens, block_size, namespace)
 
 
 @dataclass(slots=True)
@@ -170,19 +161,20 @@ class BlockManager:
         self.stats.copies += 1
         return last, target
 
-    def commit(self, keys: Sequence[int]) -> None:
-        """Name the blocks of `keys` that are now full: their KV has been written."""
+    def commit(self, keys: Sequence[int], written: Sequence[int] | None = None) -> None:
+        """Name the blocks of `keys` that are now full: their KV has been written, for every
+        token held (or, with `written`, for each key's first `written` positions: a prompt
+        prefilled in chunks)."""
         if not self.caching:
             return
-        for key in keys:
+        for n, key in enumerate(keys):
             owner = self._owners[key]
-            full = len(owner.tokens) // self.block_size
+            done = len(owner.tokens) if written is None else written[n]
+            full = done // self.block_size
             while owner.named < full:
                 i = owner.named
                 chunk = owner.tokens[i * self.block_size : (i + 1) * self.block_size]
-                digest = hashlib.blake2b(owner.parent, digest_size=16)
-                digest.update(np.asarray(chunk, dtype=np.int64).tobytes())
-                name = digest.digest()
+                name = next_name(owner.parent, chunk)
                 block = owner.table[i]
                 if name not in self._by_name and block not in self._name_of:
                     self._by_name[name] = block

@@ -16,7 +16,7 @@ Called from the worker's single compute thread only; never from the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +60,16 @@ class _Row:
     last: int  # the newest token, not yet in the cache: the next decode input
     sampling: Sampling
     logprobs: int
+
+
+@dataclass(slots=True)
+class _Filling:
+    """A prompt being prefilled, maybe over several steps."""
+
+    admission: Admission
+    done: int  # leading positions whose keys and values are in place
+    copies: list[Admission]  # its `same_as` siblings: they fork its blocks when it is done
+    cached: int = 0  # of `done` at admission, how many the prefix cache held
 
 
 class PagedCache:
@@ -127,6 +137,7 @@ class GenerationEngine:
             device=self.device,
         )
         self._rows: list[_Row] = []
+        self._filling: dict[int, _Filling] = {}
 
     # ---- state the scheduler reads --------------------------------------------------------
 
@@ -143,32 +154,63 @@ class GenerationEngine:
     @torch.inference_mode()
     def retire(self, keys: Sequence[int]) -> None:
         """Free the blocks of finished, cancelled or preempted sequences (named full blocks
-        stay cached until evicted)."""
+        stay cached until evicted). A prompt still prefilling hands its progress to the first
+        of its copies that stays."""
         gone = set(keys)
         for key in gone:
+            filling = self._filling.pop(key, None)
+            if filling is not None:
+                heirs = [c for c in filling.copies if c.key not in gone]
+                if heirs:
+                    self.blocks.fork(key, heirs[0].key)
+                    self._filling[heirs[0].key] = _Filling(heirs[0], filling.done, heirs[1:])
+            for copies in (f.copies for f in self._filling.values()):
+                copies[:] = [c for c in copies if c.key not in gone]
             self.blocks.free(key)
         self._rows = [row for row in self._rows if row.key not in gone]
 
+    def pending(self, key: int) -> int:
+        """Prompt tokens of `key` not yet prefilled (0 once it decodes)."""
+        filling = self._filling.get(key)
+        return 0 if filling is None else len(filling.admission.tokens) - filling.done
+
     @torch.inference_mode()
-    def step(self, newcomers: Sequence[Admission]) -> dict[int, Picked]:
-        """Decode one token for every running sequence, then prefill the newcomers, those of
-        similar length together (one prefill per prompt its `same_as` copies share)."""
+    def step(
+        self, newcomers: Sequence[Admission], budgets: Mapping[int, int] | None = None
+    ) -> dict[int, Picked]:
+        """Decode one token for every running sequence, then prefill: prompts begun earlier
+        first, then the newcomers, those of similar length together (one prefill per prompt
+        its `same_as` copies share). `budgets` caps the prompt tokens a key computes this
+        step (a long prompt prefills in chunks, so running sequences keep decoding); a key
+        without one computes all it has left. A prompt whose last token is computed gets its
+        first token; one still short of it picks nothing yet."""
+        budgets = budgets or {}
         picked = self._decode() if self._rows else {}
         copies: dict[int, list[Admission]] = {}
         for a in newcomers:
             if a.same_as is not None:
                 copies.setdefault(a.same_as, []).append(a)
-        sources = [a for a in newcomers if a.same_as is None]
-        for a in sources:
-            if a.prompt_logprobs >= 0:  # scored alone: its prefill computes every position
-                picked.update(self._prefill([a], copies, every_position=True))
-        plain = [a for a in sources if a.prompt_logprobs < 0]
-        cached = [self.cached_tokens(a.tokens) for a in plain]
-        for group in prefill_groups(
-            [len(a.tokens) - c for a, c in zip(plain, cached, strict=True)]
-        ):
-            picked.update(self._prefill([plain[i] for i in group], copies))
+        for a in newcomers:
+            if a.same_as is None and a.prompt_logprobs >= 0:  # alone: every position's logits
+                self._admit(a, copies, reuse=False)
+                picked.update(self._prefill([self._filling[a.key]], {}, every_position=True))
+        for a in newcomers:
+            if a.same_as is None and a.prompt_logprobs < 0:
+                self._admit(a, copies, reuse=True)
+        tasks = [f for key, f in self._filling.items() if budgets.get(key, 1) > 0]
+        ends = {
+            f.admission.key: min(
+                len(f.admission.tokens), f.done + budgets.get(f.admission.key, 1 << 30)
+            )
+            for f in tasks
+        }
+        for group in prefill_groups([ends[f.admission.key] - f.done for f in tasks]):
+            picked.update(self._prefill([tasks[i] for i in group], ends))
         return picked
+
+    def _admit(self, a: Admission, copies: dict[int, list[Admission]], reuse: bool) -> None:
+        cached = self.blocks.admit(a.key, a.tokens, reuse=reuse)
+        self._filling[a.key] = _Filling(a, cached, copies.get(a.key, []), cached)
 
     def _decode(self) -> dict[int, Picked]:
         rows = self._rows
@@ -196,52 +238,58 @@ class GenerationEngine:
         }
 
     def _prefill(
-        self,
-        group: Sequence[Admission],
-        copies: dict[int, list[Admission]],
-        every_position: bool = False,
+        self, group: Sequence[_Filling], ends: Mapping[int, int], every_position: bool = False
     ) -> dict[int, Picked]:
-        cached = [self.blocks.admit(a.key, a.tokens, reuse=not every_position) for a in group]
+        """Compute each prompt's positions from where it stopped to its end this step; those
+        reaching their last token become decoding rows, with their copies."""
         self.store.ensure(self.blocks.high_water)
-        lengths = [len(a.tokens) for a in group]
-        ids, positions, mask, cache = self._prefill_inputs(group, cached)
+        spans = [(f.done, ends.get(f.admission.key, len(f.admission.tokens))) for f in group]
+        ids, positions, mask, cache = self._prefill_inputs(group, spans)
         width = ids.shape[1]
         keep = 0 if every_position else 1  # 0: transformers keeps every position's logits
         logits = self._forward(ids, mask, positions, cache, keep)
-        self.blocks.commit([a.key for a in group])
-        members = [(b, i) for i, a in enumerate(group) for b in (a, *copies.get(a.key, ()))]
+        self.blocks.commit([f.admission.key for f in group], [end for _, end in spans])
+        finished = []
+        for i, (f, (_, end)) in enumerate(zip(group, spans, strict=True)):
+            f.done = end
+            if end == len(f.admission.tokens):
+                del self._filling[f.admission.key]
+                finished.append(i)
+        members = [(b, i) for i in finished for b in (group[i].admission, *group[i].copies)]
         for b, i in members:
-            if b is not group[i]:
-                self.blocks.fork(group[i].key, b.key)
+            if b is not group[i].admission:
+                self.blocks.fork(group[i].admission.key, b.key)
+        if not members:
+            return {}
         last = logits[[i for _, i in members], -1]
         tokens = sample(last, [b.sampling for b, _ in members])
         scores = token_scores(last, tokens, [b.logprobs for b, _ in members])
-        prompts = [
-            prompt_scores(logits[i, width - n :], a.tokens, a.prompt_logprobs)
-            if every_position
-            else None
-            for i, (a, n) in enumerate(zip(group, lengths, strict=True))
-        ]
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
-            self._rows.append(_Row(b.key, lengths[i], token, b.sampling, b.logprobs))
-            picked[b.key] = Picked(token, s, prompts[i], cached[i])
+            a = group[i].admission
+            prompt = None
+            if every_position:
+                prompt = prompt_scores(
+                    logits[i, width - len(a.tokens) :], a.tokens, a.prompt_logprobs
+                )
+            self._rows.append(_Row(b.key, len(a.tokens), token, b.sampling, b.logprobs))
+            picked[b.key] = Picked(token, s, prompt, group[i].cached)
         return picked
 
-    def _prefill_inputs(self, group: Sequence[Admission], cached: Sequence[int]):
-        """Token ids, positions, mask and cache of a prefill of what is not cached: queries
-        left-padded, so each row's last token is the last column."""
-        new = [len(a.tokens) - c for a, c in zip(group, cached, strict=True)]
-        width = max(new)
+    def _prefill_inputs(self, group: Sequence[_Filling], spans: Sequence[tuple[int, int]]):
+        """Token ids, positions, mask and cache of a prefill of positions `[start, end)` per
+        prompt: queries left-padded, so each row's last token is the last column."""
+        width = max(end - start for start, end in spans)
         ids = torch.full((len(group), width), self._pad_id, dtype=torch.long)
         positions = torch.zeros((len(group), width), dtype=torch.long)
         slots, real = [], []
-        for i, (a, c, m) in enumerate(zip(group, cached, new, strict=True)):
-            ids[i, width - m :] = torch.from_numpy(a.tokens[c:].astype(np.int64))
-            positions[i, width - m :] = torch.arange(c, c + m)
-            slots += [self.blocks.slot(a.key, p) for p in range(c, c + m)]
+        for i, (f, (c, end)) in enumerate(zip(group, spans, strict=True)):
+            m, key = end - c, f.admission.key
+            ids[i, width - m :] = torch.from_numpy(f.admission.tokens[c:end].astype(np.int64))
+            positions[i, width - m :] = torch.arange(c, end)
+            slots += [self.blocks.slot(key, p) for p in range(c, end)]
             real += range(i * width + width - m, (i + 1) * width)
-        blocks, keys = self._tables([a.key for a in group])
+        blocks, keys = self._tables([f.admission.key for f in group])
         # a query sees every key up to its own position; padding queries see position 0
         mask = torch.arange(keys)[None, None, :] <= positions[:, :, None]
         cache = PagedCache(

@@ -57,6 +57,7 @@ class GenerationLoop:
         self._order = itertools.count()
         self._retire: list[int] = []  # rows to free before the next step
         self._names: dict[int, list[bytes]] = {}
+        self._budgets: dict[int, int] = {}  # this step's prefill chunks, as planned
         self._cache_seen = (
             0,
             0,
@@ -151,10 +152,14 @@ class GenerationLoop:
     def _plan(self) -> list[tuple[int, Sequence]]:
         """Pause and admit as the policy says; the sequences admitted now."""
         plan = plan_step(
-            [s.view(k) for k, s in self._running.items()],
-            [replace(s.view(k), cached=self._cached(k, s)) for k, s in self._waiting.items()],
+            [replace(s.view(k), pending=self._engine.pending(k)) for k, s in self._running.items()],
+            [
+                replace(s.view(k), cached=self._cached(k, s), whole=s.prompt_logprobs() >= 0)
+                for k, s in self._waiting.items()
+            ],
             self._limits,
         )
+        self._budgets = plan.budgets
         for key in plan.preempt:
             self._waiting[key] = self._running.pop(key)
             self._retire.append(key)
@@ -184,12 +189,15 @@ class GenerationLoop:
     ) -> None:
         newcomers = _admissions(admitted)
         retire, self._retire = self._retire, []
-        prefilled = sum(len(a.tokens) for a in newcomers if a.same_as is None)
+        budgets = self._budgets
+        prefilled = sum(
+            budgets.get(a.key, len(a.tokens)) for a in newcomers if a.same_as is None
+        ) + sum(n for k, n in budgets.items() if k not in {a.key for a in newcomers})
         metrics.prefill_tokens_total.labels(self._model).inc(prefilled)
 
         def work() -> dict[int, Picked]:
             self._engine.retire(retire)
-            return self._engine.step(newcomers)
+            return self._engine.step(newcomers, budgets)
 
         self._step_started_s = self._clock()
         try:

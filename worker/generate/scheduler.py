@@ -15,7 +15,7 @@ A pure function of plain numbers, like `batching.next_batch`: no torch, no Redis
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
@@ -31,6 +31,8 @@ class SeqView:
     order: int  # arrival order; a preempted sequence keeps its own, so it rejoins first
     shares: int | None = None  # a sibling whose prefill it shares when both join at once
     cached: int = 0  # leading prompt tokens the prefix cache holds (waiting only)
+    pending: int = 0  # running, its prompt not all prefilled yet: tokens still to compute
+    whole: bool = False  # its prompt must prefill in one step (it asked for prompt scores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,7 @@ class EngineLimits:
     step_tokens: int  # prefill plus decode tokens one step may compute
     kv_tokens: int  # KV cache positions, each sequence's rounded up to whole blocks
     block_size: int = 1
+    chunked: bool = True  # a long prompt prefills over several steps, beside the decodes
 
     @classmethod
     def from_settings(cls, settings: Settings) -> EngineLimits:
@@ -47,6 +50,7 @@ class EngineLimits:
             settings.max_step_tokens,
             settings.kv_cache_tokens,
             settings.kv_block_size,
+            settings.chunked_prefill,
         )
 
 
@@ -54,6 +58,11 @@ class EngineLimits:
 class StepPlan:
     preempt: tuple[int, ...]  # running keys to pause, newest first
     admit: tuple[int, ...]  # waiting keys to prefill this step, in order
+    # prompt tokens each key prefills this step, where capped (a chunk); others: all left
+    budgets: dict[int, int] = field(default_factory=dict)
+
+
+MIN_CHUNK = 32  # a smaller chunk of a waiting prompt is not worth starting it this step
 
 
 def kv_usage(lengths: Sequence[int], block_size: int = 1) -> int:
@@ -69,7 +78,10 @@ def plan_step(
     Waiting sequences join in priority, then arrival, order and never overtake one another,
     so a long prompt cannot be starved by a stream of short ones. The last running sequence
     is never paused (it could not make progress anywhere), and one sequence is always
-    admitted into an idle engine even past the step budget, so every request is served.
+    admitted into an idle engine, so every request is served. With chunked prefill a prompt
+    larger than what is left of the step budget starts with a chunk of it and continues
+    next step (prompts begun earlier first), as in vLLM and Sarathi: a step never grows past
+    the budget, so running sequences keep their pace while long prompts arrive.
     """
     kept = sorted(running, key=lambda s: s.order)
     preempt: list[int] = []
@@ -81,24 +93,52 @@ def plan_step(
     if preempt:
         return StepPlan(tuple(preempt), ())
 
+    step_tokens, budgets = _continue_prefills(kept, limits)
+    admit = _admit(kept, waiting, limits, step_tokens, budgets)
+    return StepPlan((), tuple(admit), budgets)
+
+
+def _continue_prefills(kept: Sequence[SeqView], limits: EngineLimits) -> tuple[int, dict[int, int]]:
+    """The step's tokens after the decodes and the prompts begun earlier (oldest first),
+    and those prompts' chunks."""
+    step_tokens = sum(1 for s in kept if not s.pending)
+    budgets: dict[int, int] = {}
+    for s in kept:
+        if s.pending:
+            budgets[s.key] = min(s.pending, max(0, limits.step_tokens - step_tokens))
+            step_tokens += budgets[s.key]
+    return step_tokens, budgets
+
+
+def _admit(
+    kept: Sequence[SeqView],
+    waiting: Sequence[SeqView],
+    limits: EngineLimits,
+    step_tokens: int,
+    budgets: dict[int, int],
+) -> list[int]:
+    """Waiting keys to admit in order, adding a chunk to `budgets` where one starts."""
     lengths = [s.length + 1 for s in kept]  # after this step's decode
-    step_tokens = len(kept)
     admit: list[int] = []
     queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
     for seq in queue:
         idle = not lengths
         # a shared prefill costs once; a cached prefix nothing (its last token is computed)
         prefill = 0 if seq.shares in admit else seq.length - seq.cached
+        room = limits.step_tokens - step_tokens
         if len(lengths) + 1 > limits.max_running:
-            break
-        if not idle and prefill and step_tokens + prefill > limits.step_tokens:
             break
         if not idle and kv_usage([*lengths, seq.length], limits.block_size) > limits.kv_tokens:
             break
+        if prefill > max(0, room):
+            if limits.chunked and not seq.whole and (idle or room >= min(prefill, MIN_CHUNK)):
+                budgets[seq.key] = prefill = max(1, room)  # a chunk now, the rest later
+            elif not idle:
+                break
         admit.append(seq.key)
         lengths.append(seq.length)
         step_tokens += prefill
-    return StepPlan((), tuple(admit))
+    return admit
 
 
 def prefill_groups(lengths: Sequence[int], max_padding: float = 0.1) -> list[list[int]]:

@@ -1,0 +1,60 @@
+"""Cache-aware routing policy: the longest known prefix names the worker, within a bound."""
+
+from __future__ import annotations
+
+from gateway.affinity import ROUTING_BLOCK, AffinityRouter, PrefixIndex, choose, names_of
+
+SYSTEM = list(range(3, 3 + 4 * ROUTING_BLOCK))
+
+
+def test_the_longest_known_prefix_names_the_worker() -> None:
+    index = PrefixIndex()
+    index.learn(names_of(SYSTEM[: 2 * ROUTING_BLOCK], "m", None), "a")
+    index.learn(names_of(SYSTEM, "m", None), "b")
+    assert index.owner(names_of([*SYSTEM, 1, 2, 3], "m", None)) == ("b", 4)
+    other = names_of([*SYSTEM[:ROUTING_BLOCK], *range(900, 1000)], "m", None)
+    assert index.owner(other) == ("b", 1)  # b answered last for the shared first block
+
+
+def test_names_depend_on_the_model_and_the_whole_prefix() -> None:
+    assert names_of(SYSTEM, "m", None) != names_of(SYSTEM, "n", None)
+    shifted = names_of([0, *SYSTEM[1:]], "m", None)
+    assert not set(shifted) & set(names_of(SYSTEM, "m", None))
+    assert names_of(SYSTEM[: ROUTING_BLOCK - 1], "m", None) == []  # no full block, no name
+
+
+def test_a_session_key_routes_by_itself() -> None:
+    index = PrefixIndex()
+    index.learn(names_of([1, 2], "m", "conv-7"), "a")
+    assert index.owner(names_of(SYSTEM, "m", "conv-7")) == ("a", 1)
+    assert index.owner(names_of(SYSTEM, "m", "conv-8")) == (None, 0)
+
+
+def test_the_index_forgets_the_least_recently_used_first() -> None:
+    index = PrefixIndex(capacity=2)
+    first, second = names_of(SYSTEM, "m", None)[:2], names_of(SYSTEM, "n", None)[:2]
+    index.learn(first, "a")
+    index.learn(second, "b")
+    assert index.owner(first) == (None, 0)
+    assert index.owner(second) == ("b", 2)
+
+
+def test_affinity_yields_past_the_imbalance_bound_or_to_a_worker_gone() -> None:
+    assert choose("a", {"a": 5, "b": 1}, max_imbalance=4) == "a"
+    assert choose("a", {"a": 6, "b": 1}, max_imbalance=4) is None
+    assert choose("c", {"a": 0, "b": 0}, max_imbalance=4) is None  # not live
+    assert choose(None, {"a": 0}, max_imbalance=4) is None
+
+
+def test_the_router_counts_what_it_sent_until_it_is_answered() -> None:
+    router = AffinityRouter(max_imbalance=2)
+    names = names_of(SYSTEM, "m", None)
+    router.learn(names, "a")
+    router.update_loads("m", {"a": 0, "b": 0})
+    assert [router.route("m", names) for _ in range(4)] == ["a", "a", "a", None]
+    router.answered("m", "a")
+    assert router.loads("m") == {"a": 2, "b": 0}
+    assert router.route("m", names) == "a"
+    router.update_loads("m", {"a": 0, "b": 3})  # b got busy with shared work
+    assert router.loads("m") == {"a": 3, "b": 3}
+    assert router.route("other", names) is None  # no live worker known for that model
