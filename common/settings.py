@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     latency_slo_ms: float = Field(default=100.0, gt=0)  # auto waits at most a quarter of it
     max_padding_ratio: float = Field(default=0.5, gt=0, le=1)  # before a cost model is fitted
     starvation_ms: float = Field(default=500.0, gt=0)  # batch traffic passed over this long
-    sort_window: int = Field(default=64, gt=0)  # entries a worker holds to sort by length
+    sort_window: int = Field(default=64, gt=0)  # at most held to sort by length (embed/window.py)
     claim_idle_ms: int = Field(default=30_000, gt=0)
     max_batch_ms: int = Field(default=120_000, gt=0)  # longer and the worker counts as hung
     max_deliveries: int = Field(default=3, gt=0)

@@ -1,7 +1,8 @@
 """`EmbedLoop`: the embedding worker's schedule — bucket queues → policy → runner → replies.
 
 It alone owns the local bucket queues (filled by the intake while it has room: up to
-`sort_window` entries, so idle peers get the rest of a burst). Each turn it drops cancelled
+`sort_window` entries, and no more than it can start within the latency target
+(`window.read_window`), so peers get the rest of a burst or a backlog). Each turn it drops cancelled
 entries, asks `batching.next_batch` what to run, and hands each batch to a free compute
 stream (`parallelism`: several at once on a CPU, a lone one on every core); a finished batch's
 replies are built by `replies.embedding_replies` and published by the intake.
@@ -24,6 +25,7 @@ from worker.embed.batching import Batch, Limits, Load, Waiting, next_batch
 from worker.embed.cost import Observations
 from worker.embed.parallelism import Parallelism
 from worker.embed.runners.base import Runner
+from worker.embed.window import ServiceRate, read_window
 from worker.intake import Held, Intake, wall_ms
 from worker.replies import BatchFacts, embedding_replies
 
@@ -58,6 +60,7 @@ class EmbedLoop:
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
         self._observed = Observations(settings.buckets)
+        self._rate = ServiceRate()  # entries per compute second: bounds the read window
         self.batches_run = 0
         intake.feed(self)
 
@@ -72,8 +75,16 @@ class EmbedLoop:
         return bool(self.held or self._computing)
 
     def room(self) -> int:
-        """Enough to sort a window by length, few enough that idle peers get their share."""
-        return max(self._limits.max_batch_size, self._settings.sort_window) - self.held
+        """Enough to sort a window by length, no more than this worker starts soon: what it
+        leaves on the stream goes to a peer with room."""
+        window = read_window(
+            sort_window=self._settings.sort_window,
+            max_batch_size=self._limits.max_batch_size,
+            streams=self._parallel.streams,
+            entries_per_s=self._rate.per_second(),
+            horizon_s=self._limits.latency_slo_s,
+        )
+        return window - self.held
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
@@ -231,6 +242,7 @@ class EmbedLoop:
         metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
         metrics.compute_seconds.labels(*labels).observe(compute_s)
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
+        self._rate.observe(len(entries), compute_s)
         waits_ms = [max(0, start_ms - e.enqueued_ms) for e in entries]
         for wait_ms in waits_ms:
             metrics.queue_wait_seconds.labels(*labels).observe(wait_ms / 1000)
