@@ -14,9 +14,10 @@ generated) plus the new message, as soon as the previous answer arrives. Arms:
 Printed: generated tokens/s over the run, TTFT p50/p99 per turn index, the prompt-token hit
 rate on turns >= 2 (usage.prompt_tokens_details.cached_tokens over prompt_tokens), and the
 ratios judged: TTFT p50 on turns >= 2, off over on (goal 4x); tokens/s, on over off (2x).
-Every arm runs with max_step_tokens 2048, so a prompt longer than the default step budget
-can join a running batch with or without the cache (without it, one at a time would be
-what is measured).
+  (i) the same as (h) with cache-aware routing off: each turn goes to whichever worker
+      reads it first.
+For the two-worker arms it also prints how often (sampled every 0.25 s) one worker ran
+nothing while the other ran more than `affinity_max_imbalance` sequences.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-STEP_TOKENS = "2048"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,20 +117,45 @@ def arm_microbatch(path: Path, chat: Chat, log_dir: Path, name: str, **settings)
 
     from benchmarks.generation import microbatch_server
 
-    settings.setdefault("max_step_tokens", STEP_TOKENS)
-    with microbatch_server(path, log_dir, **settings) as base:
+    urls: list[str] = []
+    with microbatch_server(path, log_dir, metrics=urls, **settings) as base:
 
-        async def run() -> tuple[list[Turn], float]:
+        async def run() -> tuple[list[Turn], float, list[list[float]]]:
             turns: list[Turn] = []
+            samples: list[list[float]] = []
             async with httpx.AsyncClient(base_url=base, timeout=1200) as client:
                 t0 = time.perf_counter()
+                sampler = asyncio.create_task(_sample_running(client, urls, samples))
                 await asyncio.gather(
                     *(_conversation(client, chat, c, turns) for c in range(len(chat.users)))
                 )
-                return turns, time.perf_counter() - t0
+                sampler.cancel()
+                return turns, time.perf_counter() - t0, samples
 
-        turns, span = asyncio.run(run())
-    return report(name, turns, span)
+        turns, span, samples = asyncio.run(run())
+    row = report(name, turns, span)
+    if len(urls) > 1:  # one worker idle while another holds more than the bound
+        bound = int(settings.get("affinity_max_imbalance", 4))
+        lopsided = sum(1 for s in samples if min(s) == 0 and max(s) > bound)
+        row["idle_beside_backlog"] = lopsided / max(1, len(samples))
+    return row
+
+
+async def _sample_running(client, urls: list[str], samples: list[list[float]]) -> None:
+    """Every 0.25 s, each worker's running sequences (its gauge)."""
+    while True:
+        await asyncio.sleep(0.25)
+        row = []
+        for url in urls:
+            text = (await client.get(url)).text
+            row.append(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("microbatch_running_sequences{")
+                )
+            )
+        samples.append(row)
 
 
 def arm_transformers_cb(model, chat: Chat) -> dict:
@@ -184,10 +208,12 @@ def print_chat(rows: list[dict], chat: Chat) -> None:
         cells = "".join(f"{row['ttft_p50_ms_by_turn'][i + 1]:9.0f}" for i in range(turns))
         print(f"{row['arm']:42s}{cells}")
     for row in rows:
+        idle = row.get("idle_beside_backlog")
         print(
             f"{row['arm']:42s} {row['tokens_per_s']:7.1f} tok/s  turns>=2: TTFT p50 "
             f"{row['ttft_p50_ms_later']:7.0f} ms p99 {row['ttft_p99_ms_later']:7.0f} ms  "
             f"hit rate {row['hit_rate_later']:.0%}"
+            + ("" if idle is None else f"  idle beside a backlog {idle:.0%} of samples")
         )
     by = {r["arm"][:3]: r for r in rows}
     if "(e)" in by and "(f)" in by:

@@ -184,10 +184,11 @@ async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, in
 
 @contextlib.contextmanager
 def microbatch_server(
-    path: Path, log_dir: Path, workers: int = 1, **settings: str
+    path: Path, log_dir: Path, workers: int = 1, metrics: list | None = None, **settings: str
 ) -> Iterator[str]:
     """redis-server, `workers` workers and one gateway serving `path` (`settings` as
-    MICROBATCH_ variables); yields the gateway's URL."""
+    MICROBATCH_ variables); yields the gateway's URL. `metrics`, if given, receives each
+    worker's /metrics URL."""
     import httpx
 
     from tests.conftest import free_port  # the suite's helper, not a test dependency
@@ -206,11 +207,15 @@ def microbatch_server(
     procs = [subprocess.Popen([*redis, "--appendonly", "no"], stdout=subprocess.DEVNULL)]
     for n, role in enumerate(["worker"] * workers + ["gateway"]):
         log = (log_dir / f"{role}-{n}.log").open("wb")
+        own = dict(env)
+        if role == "worker" and metrics is not None:
+            own["MICROBATCH_METRICS_PORT"] = str(port := free_port())
+            metrics.append(f"http://127.0.0.1:{port}/metrics")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "common.cli", role],
                 cwd=ROOT,
-                env=env,
+                env=own,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
@@ -253,7 +258,7 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--rate", type=float, default=2.0, help="Poisson arrivals per second")
-    parser.add_argument("--arms", default=None, help="default: abcd, or efgh for chat")
+    parser.add_argument("--arms", default=None, help="default: abcd, or efhig for chat")
     parser.add_argument("--workload", choices=("poisson", "chat"), default="poisson")
     parser.add_argument("--conversations", type=int, default=16, help="chat only")
     parser.add_argument("--turns", type=int, default=6, help="chat only")
@@ -303,7 +308,7 @@ def main_chat(args: argparse.Namespace) -> None:
 
     from benchmarks import chat_turns
 
-    arms = args.arms or "efgh"
+    arms = args.arms or "efhig"
     path = model_path(args.shape)
     chat = chat_turns.chat_workload(args.conversations, args.turns, SHAPES[args.shape][5])
     log_dir = ROOT / ".bench" / "generation-logs"
@@ -321,6 +326,18 @@ def main_chat(args: argparse.Namespace) -> None:
         rows.append(
             chat_turns.arm_microbatch(
                 path, chat, log_dir, "(h) 2 workers, prefix cache", workers=2, torch_threads="1"
+            )
+        )
+    if "i" in arms:
+        rows.append(
+            chat_turns.arm_microbatch(
+                path,
+                chat,
+                log_dir,
+                "(i) 2 workers, no affinity routing",
+                workers=2,
+                torch_threads="1",
+                cache_aware_routing="false",
             )
         )
     if "g" in arms:
