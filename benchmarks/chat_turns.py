@@ -80,6 +80,8 @@ def report(name: str, turns: list[Turn], span_s: float) -> dict:
 
 
 async def _conversation(client, chat: Chat, c: int, out: list[Turn]) -> None:
+    from benchmarks.generation import completion_events
+
     history = list(chat.system)
     for i, (user, n) in enumerate(zip(chat.users[c], chat.replies[c], strict=True)):
         history += user
@@ -93,18 +95,11 @@ async def _conversation(client, chat: Chat, c: int, out: list[Turn]) -> None:
             "stream_options": {"include_usage": True},
         }
         sent, first, ids, usage = time.perf_counter(), None, [], {}
-        headers = {"X-Microbatch-Timeout-Ms": "600000"}
-        async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
-            async for line in r.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise RuntimeError(f"microbatch answered an error: {event['error']}")
-                for choice in event.get("choices", []):
-                    ids += choice.get("token_ids") or []
-                    first = first or time.perf_counter()
-                usage = event.get("usage") or usage
+        async for event in completion_events(client, body):
+            for choice in event.get("choices", []):
+                ids += choice.get("token_ids") or []
+                first = first or time.perf_counter()
+            usage = event.get("usage") or usage
         if len(ids) != n:
             raise RuntimeError(f"asked for {n} tokens, got {len(ids)}")
         cached = usage["prompt_tokens_details"]["cached_tokens"]

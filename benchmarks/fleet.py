@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from redis.cluster import RedisCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.batching import env_with, free_port, microbatch, parse_wrk, started
+from tests.conftest import cluster_port  # the suite's helper, as generation.py uses free_port
 
 MODEL = "noop"
 
@@ -42,17 +42,6 @@ def host_cpu() -> str:
     out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = re.search(r"Model name:\s+(.+)", out)
     return f"{model.group(1).strip() if model else 'unknown CPU'}, {os.cpu_count()} CPUs"
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (10000 above) is free and valid too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with contextlib.suppress(OSError), socket.socket() as s:
-            s.bind(("127.0.0.1", port + 10000))
-            return port
 
 
 @dataclass

@@ -156,6 +156,19 @@ def arm_transformers_cb(model, arrivals, prompts, new) -> dict:
     return summary("(d) transformers continuous batching", tokens, end - t0, ttft)
 
 
+async def completion_events(client, body: dict):
+    """The JSON events of one streamed /v1/completions call; an error event raises."""
+    headers = {"X-Microbatch-Timeout-Ms": "600000"}  # the arms are judged on throughput
+    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(f"microbatch answered an error: {event['error']}")
+            yield event
+
+
 async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, int]:
     """One streamed request at its arrival time: (time to first token, tokens generated)."""
     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
@@ -167,16 +180,9 @@ async def stream_one(client, t0: float, at: float, prompt, n) -> tuple[float, in
         "stream_options": {"include_usage": True},
     }
     first, tokens = None, 0
-    headers = {"X-Microbatch-Timeout-Ms": "600000"}  # the arms are judged on throughput
-    async with client.stream("POST", "/v1/completions", json=body, headers=headers) as response:
-        async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise RuntimeError(f"microbatch answered an error: {event['error']}")
-            first = first or time.perf_counter()
-            tokens = event.get("usage", {}).get("completion_tokens", tokens)
+    async for event in completion_events(client, body):
+        first = first or time.perf_counter()
+        tokens = event.get("usage", {}).get("completion_tokens", tokens)
     if tokens != n:
         raise RuntimeError(f"asked for {n} tokens, got {tokens}")
     return first - (t0 + at), tokens

@@ -37,6 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above) is free and valid too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port + 10000))
+            return port
+
+
 @dataclass
 class RedisServer:
     port: int

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from common.streams import Keys
 from tests.conftest import (
     ROOT,
     Processes,
-    free_port,
+    cluster_port,
     process_env,
     wait_ready,
     wait_until,
@@ -34,17 +33,6 @@ MODELS = ("noop", "noop2")  # slots 10577 and 12890: the second and third master
 NODE_TIMEOUT_MS = 2000  # a dead master is failed over within a few seconds
 DEADLINE_MS = 3000  # each request's X-Microbatch-Timeout-Ms under load
 MARGIN_S = 3.0  # past its deadline, an answer this late counts as a hang
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (10000 above) is free and valid too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with contextlib.suppress(OSError), socket.socket() as s:
-            s.bind(("127.0.0.1", port + 10000))
-            return port
 
 
 @dataclass
