@@ -4,11 +4,13 @@
     .venv/bin/python benchmarks/kv_fp8.py --shape tiny      # a quick check
 
 The same 64 prompts (16-256 random tokens, fixed seed) decode 64 greedy tokens each through
-the engine twice, all together: once with `kv_cache_dtype=auto` (the model's float32), once
-with `fp8_e4m3`. Printed: cache bytes per token for float32, bfloat16 (the same layout at
-2 bytes a value) and fp8 (1 byte a value plus a 2-byte scale per token and head), the ratios,
-the share of generated tokens identical position by position, and the largest absolute
-logit difference over the steps where both runs had fed identical tokens so far.
+the engine three times, all together: with `kv_cache_dtype=auto` (the model's float32),
+`bfloat16` and `fp8_e4m3`. Printed: cache bytes per token of each (fp8: 1 byte a value plus
+a 2-byte scale per token and head), the ratios, and against float32 the share of generated
+tokens identical position by position and the largest absolute logit difference over the
+steps where both runs had fed identical tokens so far. bfloat16 is the control: a random-
+weight model amplifies any perturbation of its cache through its layers, so what it costs
+shows how much of fp8's cost is the model's sensitivity rather than fp8's.
 """
 
 from __future__ import annotations

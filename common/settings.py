@@ -107,7 +107,7 @@ class Settings(BaseSettings):
     kv_block_size: int = Field(default=16, gt=0)  # positions per KV cache block
     prefix_caching: bool = True  # keep full blocks named by their prefix for reuse
     chunked_prefill: bool = True  # long prompts prefill over several steps, beside decodes
-    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = "auto"  # auto: the model's dtype
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3"] = "auto"  # auto: the model's
     # Generation: gateways send a prompt to the worker caching its prefix (its own stream)
     # unless it holds more than `affinity_max_imbalance` sequences over the least loaded
     cache_aware_routing: bool = True

@@ -191,6 +191,8 @@ def test_fp8_storage_halves_bfloat16_and_stays_close(tiny_model: Path, reference
     per_head_fp8 = fp8.store.bytes_per_token() / (2 * fp8.store.layers * fp8.store.heads)
     assert per_head_fp8 == full.store.head_dim + 2  # one byte a value, a 2-byte scale
     assert per_head_fp32 == 4 * full.store.head_dim
+    half = GenerationEngine(tiny_model, kv_tokens=256, block_size=4, kv_dtype="bfloat16")
+    assert half.store.bytes_per_token() * 2 == full.store.bytes_per_token()
     jobs = [(list(range(5, 40)), 12), (list(range(100, 120)), 12)]
     out = drive(fp8, jobs, AllAtOnce())
     same = sum(

@@ -7,7 +7,8 @@ budget does not reserve memory it never uses; block ids stay valid across growth
 
 `fp8_e4m3` stores float8 values with one float16 scale per token and head (its absolute
 maximum over `head_dim`, mapped to float8's largest value), dequantized when read:
-66 bytes per token and head instead of 256 in float32 (128 in bfloat16).
+66 bytes per token and head instead of 256 in float32 (128 in bfloat16). `bfloat16` stores
+a float32 model's cache at half its size, converted when read.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
-KV_DTYPES = ("auto", "fp8_e4m3")
+KV_DTYPES = ("auto", "bfloat16", "fp8_e4m3")
 
 
 class KVStore:
@@ -38,7 +39,7 @@ class KVStore:
         self.dtype = dtype  # what attention computes in
         self.fp8 = kv_dtype == "fp8_e4m3"
         # float8 pools are kept as bytes: CPU indexing kernels do not take float8
-        self.stored = torch.uint8 if self.fp8 else dtype
+        self.stored = {"fp8_e4m3": torch.uint8, "bfloat16": torch.bfloat16}.get(kv_dtype, dtype)
         self.device = torch.device(device)
         self.blocks = 0
         self.keys: list[torch.Tensor] = []
@@ -117,4 +118,6 @@ class KVStore:
         if scales is not None:
             scale = scales.index_select(1, blocks).view(self.heads, rows, -1, 1)
             out = out.view(torch.float8_e4m3fn).to(self.dtype) * scale.to(self.dtype)
+        elif out.dtype != self.dtype:  # bfloat16 storage under a float32 model
+            out = out.to(self.dtype)
         return out.transpose(0, 1)

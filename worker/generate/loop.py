@@ -80,8 +80,12 @@ class GenerationLoop:
         return bool(self.held or self._retire)
 
     def room(self) -> int:
+        """Entries to read now: no more than a few beyond what runs, so a burst spreads
+        over every worker reading (each takes what it can start soon, and Redis serves
+        blocked readers in turn) instead of filling the first one to read."""
         capacity = self._limits.max_running + max(1, self._limits.max_running // 4)
-        return capacity - self.held
+        read_ahead = max(2, self._limits.max_running // 8) - len(self._waiting)
+        return min(capacity - self.held, read_ahead)
 
     def hung(self) -> bool:
         started = self._step_started_s
@@ -167,6 +171,8 @@ class GenerationLoop:
         admitted = [(key, self._waiting.pop(key)) for key in plan.admit]
         for key, _ in admitted:
             self._names.pop(key, None)
+        if admitted:
+            self._intake.changed.set()  # room for the reader again
         for key, seq in admitted:
             self._running[key] = seq
             if seq.queue_ms < 0:
