@@ -83,6 +83,9 @@ class StoreCluster(RedisCluster):
             return await super().execute_command(*args, **kwargs)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
+        except RuntimeError as exc:
+            _raise_if_closed_transport(exc)
+            raise
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> ClusterPipeline:
         if shard_hint:
@@ -98,6 +101,17 @@ class StoreClusterPipeline(ClusterPipeline):
             return await super().execute(raise_on_error, allow_redirections)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
+        except RuntimeError as exc:
+            _raise_if_closed_transport(exc)
+            raise
+
+
+def _raise_if_closed_transport(exc: RuntimeError) -> None:
+    """uvloop 0.23 raises RuntimeError ("the handler is closed") when redis-py's cluster
+    client writes to a connection its dead master closed; that is a connection error, to be
+    retried like any outage. Any other RuntimeError is a bug and stays one."""
+    if "handler is closed" in str(exc):
+        raise RedisConnectionError(f"connection closed under the client: {exc}") from exc
 
 
 def _open_cluster(url: str, timeout: float) -> RedisCluster:
