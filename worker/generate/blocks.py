@@ -29,11 +29,6 @@ from common.prefix import next_name, prefix_names
 NULL_BLOCK = 0
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, namespace: bytes) -> list[bytes]:
-    """Chained names of the full blocks of `tokens`: each covers its whole prefix."""
-    return prefix_names(tokens, block_size, namespace)
-
-
 @dataclass(slots=True)
 class _Owner:
     table: list[int]
@@ -87,7 +82,7 @@ class BlockManager:
         return -(-positions // self.block_size)
 
     def names(self, tokens: Sequence[int]) -> list[bytes]:
-        return block_hashes(tokens, self.block_size, self.namespace)
+        return prefix_names(tokens, self.block_size, self.namespace)
 
     def cached_tokens(self, tokens: Sequence[int], names: Sequence[bytes] | None = None) -> int:
         """Leading tokens of a prompt this pool could serve from cache (at least the last
@@ -115,7 +110,7 @@ class BlockManager:
         if key in self._owners:
             raise KeyError(f"sequence {key} already holds blocks")
         tokens = [int(t) for t in tokens]
-        names = block_hashes(tokens, self.block_size, self.namespace) if self.caching else []
+        names = self.names(tokens) if self.caching else []
         cached = self.cached_tokens(tokens, names) if reuse else 0
         hits = cached // self.block_size
         if self.caching:

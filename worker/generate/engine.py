@@ -145,10 +145,6 @@ class GenerationEngine:
         """Blocks running sequences hold, over the pool."""
         return self.blocks.used / self.blocks.usable
 
-    def cached_tokens(self, tokens: np.ndarray) -> int:
-        """Leading tokens of a prompt the prefix cache would serve now."""
-        return self.blocks.cached_tokens(tokens.tolist())
-
     # ---- one step -------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -214,12 +210,11 @@ class GenerationEngine:
 
     def _decode(self) -> dict[int, Picked]:
         rows = self._rows
-        for row in rows:
-            copy = self.blocks.append(row.key, row.last)
-            if copy is not None:
-                self.store.ensure(self.blocks.high_water)
-                self.store.copy_block(*copy)
+        copies = [self.blocks.append(row.key, row.last) for row in rows]
         self.store.ensure(self.blocks.high_water)
+        for copy in copies:
+            if copy is not None:  # a shared last block, copied before this step writes it
+                self.store.copy_block(*copy)
         slots = torch.tensor([self.blocks.slot(row.key, row.length) for row in rows])
         blocks, width = self._tables([row.key for row in rows])
         lengths = torch.tensor([row.length for row in rows], device=self.device)
