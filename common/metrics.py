@@ -82,7 +82,7 @@ device_utilization = Gauge(
 )
 cancelled_total = Counter(
     "microbatch_cancelled_total",
-    "Entries dropped by a worker because their client left or their deadline passed",
+    "Inputs dropped by a worker before compute: their client left or their deadline passed",
 )
 
 # Generation

@@ -16,19 +16,19 @@ from typing import ClassVar, Literal
 import msgpack
 import numpy as np
 
-VERSION = 4  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
-# 4: prompt tokens served from the prefix cache
+from common.message_checks import MAX_ENTRY_ROWS as MAX_ENTRY_ROWS
+from common.message_checks import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
+from common.message_checks import ProtocolError as ProtocolError
+from common.message_checks import check_consistent
+
+VERSION = 5  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
+# 4: prompt tokens served from the prefix cache; 5: one encoder entry and reply per request part
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
 
 Kind = Literal["embed"]
-MAX_STOP_SEQUENCES = 4
 MAX_LABELS = 1024  # a classifier's labels: the longest list a message may carry
-
-
-class ProtocolError(ValueError):
-    """Bytes that are not a valid message of this version; the entry is dead-lettered."""
 
 
 class _Tokens:
@@ -47,19 +47,38 @@ class _Tokens:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestEntry(_Tokens):
-    """One input of one client request, queued on its model's bucket stream."""
+    """Rows of one client request that share a length bucket, queued on that bucket's stream.
+
+    A request's rows travel in as few entries as its buckets and `max_entry_rows` allow, so
+    Redis costs a few commands per request rather than per input; the worker batches rows
+    across entries and answers each entry once, when all its rows are computed.
+    """
 
     TAG: ClassVar[str] = "req"
-    id: str  # "<gateway-unique id>.<input index>": the key the reply is routed by
+    id: str  # "<gateway-unique id>.<part>": the key the reply is routed by
     request_id: str  # the client's X-Request-ID (or the generated one), for logs
     model: str
     kind: str
-    tokens: bytes  # uint32 little-endian token ids, special tokens included
+    tokens: bytes  # every row's uint32 little-endian token ids, special tokens included
+    lengths: bytes  # uint32 little-endian: each row's token count, in order
     deadline_ms: int  # unix epoch ms after which nobody waits for the answer
     priority: int  # PRIORITY_INTERACTIVE or PRIORITY_BATCH
     reply_to: str  # the reply stream of the gateway process that asked
     enqueued_ms: int  # unix epoch ms when the gateway queued it
     v: int = VERSION
+
+    def row_lengths(self) -> np.ndarray:
+        return np.frombuffer(self.lengths, dtype="<u4")
+
+    @property
+    def longest(self) -> int:
+        """Its longest row's tokens: what its bucket and the model's limit are judged by."""
+        return int(self.row_lengths().max())
+
+    def rows(self) -> list[np.ndarray]:
+        """Each row's token ids, as views of `tokens`."""
+        ends = np.cumsum(self.row_lengths())
+        return np.split(self.token_ids(), ends[:-1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +116,10 @@ class GenerateEntry(_Tokens):
     response_format: str = ""  # "", "json_object" or "json_schema"
     json_schema: str = ""  # the schema, as JSON text, when response_format is "json_schema"
     v: int = VERSION
+
+    @property
+    def longest(self) -> int:
+        return self.n_tokens
 
     def stop_ids(self) -> np.ndarray:
         return np.frombuffer(self.stop_token_ids, dtype="<u4")
@@ -173,22 +196,24 @@ class Scores:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EmbeddingResult:
-    """The answer to one `RequestEntry`, with the timings that become tuning headers."""
+    """The answer to one `RequestEntry`: a vector per row, with the timings that become tuning
+    headers."""
 
     TAG: ClassVar[str] = "emb"
     id: str
-    embedding: bytes  # float32 little-endian
-    n_tokens: int
-    batch_id: str
-    batch_size: int
+    embeddings: bytes  # float32 little-endian, [rows x dim], the entry's row order
+    rows: int
+    n_tokens: int  # of all rows
+    batch_ids: list[str]  # the batches its rows ran in
+    batch_size: int  # the largest of them
     bucket: int
-    queue_ms: float
-    compute_ms: float
+    queue_ms: float  # enqueue to its first batch's start
+    compute_ms: float  # of its batches, together
     worker: str
     v: int = VERSION
 
-    def vector(self) -> np.ndarray:
-        return np.frombuffer(self.embedding, dtype="<f4")
+    def vectors(self) -> np.ndarray:
+        return np.frombuffer(self.embeddings, dtype="<f4").reshape(self.rows, -1)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -352,39 +377,18 @@ def _build(body: object) -> Message:
     for name, value in body.items():
         _check_field(tag, name, value, schema[name])
     message = cls(**body)
-    if isinstance(message, RequestEntry | GenerateEntry) and (
-        not message.tokens or len(message.tokens) % 4
-    ):
-        raise ProtocolError(f"req.tokens: {len(message.tokens)} bytes is not a uint32 list")
-    if isinstance(message, GenerateEntry):
-        _check_generation_lists(message)
-    if isinstance(message, GenerationChunk):
-        _check_scores(message)
+    check_consistent(tag, message)
     return message
-
-
-def _check_generation_lists(entry: GenerateEntry) -> None:
-    if len(entry.stop) > MAX_STOP_SEQUENCES:
-        raise ProtocolError(f"genreq.stop: more than {MAX_STOP_SEQUENCES} sequences")
-    if len(entry.stop_token_ids) % 4 or len(entry.bias_tokens) % 4:
-        raise ProtocolError("genreq: stop_token_ids and bias_tokens must be uint32 lists")
-    if len(entry.bias_values) != len(entry.bias_tokens):
-        raise ProtocolError("genreq: one float32 bias per bias token")
-
-
-def _check_scores(chunk: GenerationChunk) -> None:
-    for prefix, n in (("", chunk.n_tokens), ("prompt_", None)):
-        values = getattr(chunk, prefix + "logprobs")
-        ids, tops = getattr(chunk, prefix + "top_ids"), getattr(chunk, prefix + "top_logprobs")
-        rows = len(values) // 4
-        if len(values) % 4 or (n is not None and values and rows != n):
-            raise ProtocolError(f"gen.{prefix}logprobs: one float32 per token")
-        if len(ids) != len(tops) or len(ids) % 4 or (ids and (not rows or len(ids) // 4 % rows)):
-            raise ProtocolError(f"gen.{prefix}top_ids: a uint32 and a float32 per alternative")
 
 
 def pack_tokens(ids: typing.Sequence[int] | np.ndarray) -> bytes:
     return np.asarray(ids, dtype="<u4").tobytes()
+
+
+def pack_rows(rows: typing.Sequence[np.ndarray]) -> tuple[bytes, bytes]:
+    """(tokens, lengths) of a `RequestEntry` carrying these rows."""
+    lengths = np.fromiter((len(r) for r in rows), dtype="<u4", count=len(rows))
+    return np.concatenate(rows).astype("<u4", copy=False).tobytes(), lengths.tobytes()
 
 
 def pack_vector(vector: np.ndarray) -> bytes:

@@ -10,6 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from common.message_checks import MAX_ENTRY_ROWS
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
@@ -54,6 +56,10 @@ class Settings(BaseSettings):
     max_queue_depth: int = Field(default=4096, gt=0)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     max_inputs_per_request: int = Field(default=2048, gt=0)
+    # Rows one queue entry carries: a request's rows of one bucket travel in entries of at
+    # most this many, so a bulk request costs a few Redis commands and still spreads over
+    # several workers' batches.
+    max_entry_rows: int = Field(default=128, gt=0, le=MAX_ENTRY_ROWS)
     # Texts shorter than this are tokenized inline: a thread hop costs more than they do.
     inline_tokenize_chars: int = Field(default=2048, ge=0)
     gateway_id: str | None = None

@@ -13,15 +13,36 @@ QUEUE_SHARE_OF_DEADLINE = 0.8
 
 @dataclass(frozen=True, slots=True)
 class QueueState:
-    depth: int  # entries waiting or in progress for the model, as last measured
+    depth: int  # rows waiting or in progress for the model, as last measured
     live_workers: int
-    # Entries/s the model's workers take off its streams, measured under a backlog; None
+    # Rows/s the model's workers take off its streams, measured under a backlog; None
     # while nothing trustworthy has been measured (no backlog, or a store that cannot say).
     service_rate_per_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.service_rate_per_s is not None and self.service_rate_per_s <= 0:
             raise ValueError("a measured service rate is positive; report None when unknown")
+
+
+class RowsPerEntry:
+    """Mean rows per queue entry, per model, over this gateway's recent requests.
+
+    Redis counts entries (XLEN, entries read) while admission counts rows (an embedding
+    request's inputs travel several to an entry); the gateway converts with what it sent.
+    """
+
+    WEIGHT = 0.05  # of each request in the moving mean
+
+    def __init__(self) -> None:
+        self._mean: dict[str, float] = {}
+
+    def observe(self, model: str, rows: int, entries: int) -> None:
+        if entries:
+            mean = self._mean.get(model, rows / entries)
+            self._mean[model] = mean + self.WEIGHT * (rows / entries - mean)
+
+    def of(self, model: str) -> float:
+        return self._mean.get(model, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +66,7 @@ def admit(
         return Rejected("no_workers", "no live worker serves this model right now", 1.0)
     if state.depth + n_inputs > max_queue_depth:
         message = (
-            f"queue for this model holds {state.depth} entries; adding {n_inputs} would exceed "
+            f"queue for this model holds {state.depth} inputs; adding {n_inputs} would exceed "
             f"max_queue_depth {max_queue_depth}"
         )
         return Rejected("queue_full", message, 1.0)
@@ -67,7 +88,7 @@ def _feasible(depth: int, n_inputs: int, rate_per_s: float, timeout_ms: int) -> 
         return Admitted()
     excess_s = wait_s - allowed_s  # how long until enough of the backlog has drained
     message = (
-        f"queue for this model holds {depth} entries, served at {rate_per_s:.1f} entries/s: "
+        f"queue for this model holds {depth} inputs, served at {rate_per_s:.1f} inputs/s: "
         f"about {wait_s:.1f} s of waiting, more than this request's {timeout_ms} ms deadline "
         f"allows"
     )

@@ -69,12 +69,17 @@ class ReplyRouter:
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._streams: dict[str, Sink] = {}
+        self._rows: dict[str, int] = {}  # rows an awaited entry carries, where more than one
+        self._extra_rows = 0  # their sum, less one per entry
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
 
-    def expect(self, entry_id: str) -> asyncio.Future[Reply]:
+    def expect(self, entry_id: str, rows: int = 1) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[entry_id] = future
+        if rows > 1:
+            self._rows[entry_id] = rows
+            self._extra_rows += rows - 1
         return future
 
     def expect_stream(self, entry_id: str, queue: Sink) -> None:
@@ -85,10 +90,12 @@ class ReplyRouter:
         for entry_id in entry_ids:
             self._waiting.pop(entry_id, None)
             self._streams.pop(entry_id, None)
+            self._extra_rows -= self._rows.pop(entry_id, 1) - 1
 
     @property
     def waiting(self) -> int:
-        return len(self._waiting) + len(self._streams)
+        """Rows (an encoder entry's inputs, a generation's prompts) awaiting an answer."""
+        return len(self._waiting) + len(self._streams) + self._extra_rows
 
     async def run(self, stop: asyncio.Event) -> None:
         backoff = Backoff()
@@ -152,6 +159,8 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(exc)
         self._waiting.clear()
+        self._rows.clear()
+        self._extra_rows = 0
         for queue in {id(q): q for q in self._streams.values()}.values():
             queue.put_nowait(exc)
         self._streams.clear()

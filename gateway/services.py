@@ -17,6 +17,7 @@ from common.protocol import ModelInfo
 from common.settings import Settings
 from common.store import Store
 from common.tasks import OnDeath
+from gateway.admission import RowsPerEntry
 from gateway.affinity import AffinityRouter, names_of
 from gateway.auth import RateLimiter
 from gateway.catalog import Catalog
@@ -41,6 +42,7 @@ class Services:
             ttl_s=max(60, 2 * settings.request_timeout_ms // 1000),
         )
         self.enqueuer = Enqueuer(store)
+        self.entry_rows = RowsPerEntry()
         self.canceller = Canceller(store, self.keys)
         self.tokenize = TokenizePool(settings.inline_tokenize_chars)
         self.limiter = (

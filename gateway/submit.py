@@ -35,16 +35,18 @@ def now_ms() -> int:
 
 
 def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:
-    """Raise Overloaded (503, Retry-After) unless `n_inputs` more entries may be queued;
+    """Raise Overloaded (503, Retry-After) unless `n_inputs` more rows may be queued;
     ServiceUnavailable when this gateway can no longer receive answers."""
     if not services.alive:
         raise ServiceUnavailable("a gateway background task died; see /healthz", retry_after_s=1.0)
+    per_entry, rate = services.entry_rows.of(model.info.name), model.service_rate_per_s
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
+        # counted in rows: Redis counts entries, converted at this gateway's rows per entry
         admission.QueueState(
-            max(model.depth, services.router.waiting),
+            max(round(model.depth * per_entry), services.router.waiting),
             model.live_workers,
-            model.service_rate_per_s,
+            rate and rate * per_entry,
         ),
         n_inputs,
         services.settings.max_queue_depth,
@@ -64,6 +66,7 @@ class Entries:
     ids: list[str]  # entry ids, in order
     deadline_ms: int
     timeout_ms: int  # the request's own timeout, for the message when it passes
+    rows: list[int] | None = None  # rows each entry carries (encoder entries); None: one each
 
 
 async def submit(
@@ -73,7 +76,8 @@ async def submit(
     entry (generation's n), each choice's final chunk, in (entry, choice) order."""
     router = services.router
     if choices == 1:
-        futures = [router.expect(i) for i in entries.ids]
+        rows = entries.rows or [1] * len(entries.ids)
+        futures = [router.expect(i, n) for i, n in zip(entries.ids, rows, strict=True)]
     else:
         collector = Choices(entries.ids, choices)
         for entry_id in entries.ids:

@@ -191,7 +191,7 @@ class Intake:
             if isinstance(decision, recovery.Process):
                 entry = decision.entry
                 # Prompts past the largest bucket share it; embedding inputs never get there.
-                bucket = bucket_for(entry.n_tokens, buckets) or buckets[-1]
+                bucket = bucket_for(entry.longest, buckets) or buckets[-1]
                 self.loop.hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
                 self.owned.add((item.stream, item.entry_id))
                 continue

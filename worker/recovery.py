@@ -86,8 +86,8 @@ def decide(payload: bytes | None, deliveries: int, now_ms: int, limits: EntryLim
             f"the model's context of {limits.max_tokens} tokens"
         )
         return Reject(entry, 400, "context_length_exceeded", message)
-    if entry.n_tokens > limits.max_tokens:
-        message = f"input has {entry.n_tokens} tokens; this model takes at most {limits.max_tokens}"
+    if entry.longest > limits.max_tokens:
+        message = f"input has {entry.longest} tokens; this model takes at most {limits.max_tokens}"
         return Reject(entry, 413, "input_too_long", message)
     if limits.vocab_size and int(entry.token_ids().max()) >= limits.vocab_size:
         return Reject(

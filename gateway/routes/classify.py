@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from gateway.encoder_schemas import ClassifyRequest, PredictRequest
 from gateway.request import Call, Parsed, api_call, check_count, parse_call
-from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
+from gateway.routes.rows import json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import activate
 
@@ -38,7 +38,7 @@ async def _classify(request: Request, call: Call) -> Response:
     req: ClassifyRequest = parsed.body
     texts = [req.input] if isinstance(req.input, str) else req.input
     function = parsed.model.info.activation if req.activation else "identity"
-    probs, replies = await _scores(request, call, parsed, texts, req.truncate, "right", function)
+    probs, answered = await _scores(request, call, parsed, texts, req.truncate, "right", function)
     labels = parsed.model.info.labels
     data = [
         {
@@ -49,7 +49,7 @@ async def _classify(request: Request, call: Call) -> Response:
         }
         for i, row in enumerate(probs)
     ]
-    tokens = tokens_of(replies)
+    tokens = answered.tokens
     body = {
         "id": f"classify-{call.request_id}",
         "object": "list",
@@ -58,7 +58,7 @@ async def _classify(request: Request, call: Call) -> Response:
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }
-    return json_response(body, call, replies)
+    return json_response(body, call, answered)
 
 
 async def _predict(request: Request, call: Call) -> Response:
@@ -74,7 +74,7 @@ async def _predict(request: Request, call: Call) -> Response:
         if req.parameters.function_to_apply is not None:
             function = FUNCTIONS[req.parameters.function_to_apply]
         top_k = req.parameters.top_k
-    scores, replies = await _scores(
+    scores, answered = await _scores(
         request,
         call,
         parsed,
@@ -89,7 +89,7 @@ async def _predict(request: Request, call: Call) -> Response:
     for row in scores:
         ranked = sorted(zip(row.tolist(), labels, strict=True), key=lambda p: -p[0])
         answers.append([{"score": s, "label": label} for s, label in ranked[:top_k]])
-    return json_response(answers[0] if single else answers, call, replies)
+    return json_response(answers[0] if single else answers, call, answered)
 
 
 async def _scores(
@@ -108,5 +108,5 @@ async def _scores(
     rows = await parsed.services.tokenize.run(
         chars, tokenizer.encode_pairs, items, truncate, field, direction
     )
-    replies = await run_rows(request, call, parsed, rows)
-    return activate(vectors(replies), function), replies
+    answered = await run_rows(request, call, parsed, rows)
+    return activate(answered.vectors, function), answered

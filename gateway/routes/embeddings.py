@@ -1,8 +1,8 @@
-"""`POST /v1/embeddings`: OpenAI-compatible embeddings, one queue entry per input.
+"""`POST /v1/embeddings`: OpenAI-compatible embeddings.
 
-Each input is tokenized here (after its prompt, if any), queued on its model's length-bucket
-stream, and answered by whichever worker batches it; `dimensions` and `normalize` are applied
-to the answers here. The answer's headers say how it was batched.
+Each input is tokenized here (after its prompt, if any), queued with the request's other
+inputs of its length bucket, and answered by whichever workers batch them; `dimensions` and
+`normalize` are applied to the answers here. The answer's headers say how it was batched.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from common.errors import InvalidRequest
 from common.protocol import ModelInfo
 from gateway.request import Call, Parsed, api_call, parse_call, token_lists
-from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
+from gateway.routes.rows import json_response, run_rows
 from gateway.schemas import EmbeddingRequest, openapi_body
 from gateway.scores import shorten
 
@@ -35,8 +35,8 @@ async def _embed(request: Request, call: Call) -> Response:
     rows = await embedding_rows(
         parsed, req.input, req.prompt_name, req.truncate, req.truncation_direction
     )
-    replies = await run_rows(request, call, parsed, rows)
-    out = shorten(vectors(replies), dimensions, normalize)
+    answered = await run_rows(request, call, parsed, rows)
+    out = shorten(answered.vectors, dimensions, normalize)
     data = []
     for i, vector in enumerate(out):
         value = (
@@ -45,14 +45,14 @@ async def _embed(request: Request, call: Call) -> Response:
             else vector
         )
         data.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = tokens_of(replies)
+    tokens = answered.tokens
     body = {
         "object": "list",
         "data": data,
         "model": parsed.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return json_response(body, call, replies)
+    return json_response(body, call, answered)
 
 
 async def embedding_rows(

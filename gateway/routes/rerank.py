@@ -14,7 +14,7 @@ from fastapi.responses import Response
 from common.errors import InvalidRequest
 from gateway.encoder_schemas import RerankRequest, TeiRerankRequest
 from gateway.request import Call, Parsed, api_call, check_count, parse_call
-from gateway.routes.rows import json_response, run_rows, tokens_of, vectors
+from gateway.routes.rows import Answered, json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import activate, ranking
 
@@ -49,7 +49,7 @@ async def _jina(request: Request, call: Call) -> Response:
     parsed = await parse_call(request, call, RerankRequest, "classifier", ELSEWHERE)
     req: RerankRequest = parsed.body
     texts = _documents(parsed, req)
-    scores, replies = await _score(
+    scores, answered = await _score(
         request,
         call,
         parsed,
@@ -65,14 +65,14 @@ async def _jina(request: Request, call: Call) -> Response:
         if req.return_documents:
             result["document"] = {"text": texts[i]}
         results.append(result)
-    tokens = tokens_of(replies)
+    tokens = answered.tokens
     body = {
         "id": f"rerank-{call.request_id}",
         "model": parsed.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         "results": results,
     }
-    return json_response(body, call, replies)
+    return json_response(body, call, answered)
 
 
 async def _cohere(request: Request, call: Call) -> Response:
@@ -83,7 +83,7 @@ async def _cohere(request: Request, call: Call) -> Response:
     texts = _documents(parsed, req)
     limit = req.max_tokens_per_doc or 4096
     cut = [parsed.model.tokenizer.cut(t, limit) for t in texts]
-    scores, replies = await _score(
+    scores, answered = await _score(
         request, call, parsed, req.query, cut, True, "right", req.raw_scores
     )
     results = [
@@ -95,17 +95,17 @@ async def _cohere(request: Request, call: Call) -> Response:
         "meta": {
             "api_version": {"version": "2"},
             "billed_units": {"search_units": 1},
-            "tokens": {"input_tokens": tokens_of(replies)},
+            "tokens": {"input_tokens": answered.tokens},
         },
     }
-    return json_response(body, call, replies)
+    return json_response(body, call, answered)
 
 
 async def _tei(request: Request, call: Call) -> Response:
     parsed = await parse_call(request, call, TeiRerankRequest, "classifier", ELSEWHERE)
     req: TeiRerankRequest = parsed.body
     _check_count(parsed, req.texts, "texts")
-    scores, replies = await _score(
+    scores, answered = await _score(
         request,
         call,
         parsed,
@@ -122,7 +122,7 @@ async def _tei(request: Request, call: Call) -> Response:
         if req.return_text:
             result["text"] = req.texts[i]
         body.append(result)
-    return json_response(body, call, replies)
+    return json_response(body, call, answered)
 
 
 def _documents(parsed: Parsed, req: RerankRequest) -> list[str]:
@@ -153,7 +153,7 @@ async def _score(
     direction: str,
     raw: bool,
     field: str = "documents",
-) -> tuple[list[float], list]:
+) -> tuple[list[float], Answered]:
     """Each (query, text) pair's relevance: the model's score function, or its raw logit."""
     tokenizer = parsed.model.tokenizer
     pairs = [(query, t) for t in texts]
@@ -161,6 +161,6 @@ async def _score(
     rows = await parsed.services.tokenize.run(
         chars, tokenizer.encode_pairs, pairs, truncate, field, direction
     )
-    replies = await run_rows(request, call, parsed, rows)
+    answered = await run_rows(request, call, parsed, rows)
     function = "identity" if raw else parsed.model.info.activation
-    return activate(vectors(replies), function)[:, 0].tolist(), replies
+    return activate(answered.vectors, function)[:, 0].tolist(), answered

@@ -1,65 +1,90 @@
 """Token rows in, one float32 vector per row out: the queue path every encoder route shares.
 
 Embeddings, reranking and classification differ in how they build rows (texts, prompts,
-query-document pairs) and shape answers; between the two they are the same: admission, one
-queue entry per row on its length bucket's stream, the wait, and the headers that say how
-the rows were batched.
+query-document pairs) and shape answers; between the two they are the same: admission, the
+rows queued in a few entries (one per length bucket and `max_entry_rows`), the wait, and the
+headers that say how the rows were batched.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
-from common.protocol import EmbeddingResult, RequestEntry, encode, pack_tokens
+from common.buckets import parts
+from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows
 from gateway.request import Call, Parsed, priority_of, timeout_ms_of
 from gateway.submit import Entries, admit_or_refuse, now_ms, submit
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """A request's rows answered: the vectors in input order, and the replies they came in."""
+
+    vectors: np.ndarray  # float32 [rows, dim]
+    tokens: int
+    replies: list[EmbeddingResult]
+
+
 async def run_rows(
     request: Request, call: Call, parsed: Parsed, rows: list[np.ndarray]
-) -> list[EmbeddingResult]:
-    """Queue `rows` for `parsed.model` and return each one's answer, in order."""
-    services, model = parsed.services, parsed.model
-    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
-    priority = priority_of(request)
+) -> Answered:
+    """Queue `rows` for `parsed.model` and return their vectors, in order."""
+    services, model, settings = parsed.services, parsed.model, parsed.services.settings
+    timeout_ms = timeout_ms_of(request, settings.request_timeout_ms)
+    name = model.info.name
+    groups = parts([len(r) for r in rows], settings.buckets, settings.max_entry_rows)
+    services.entry_rows.observe(name, len(rows), len(groups))
     admit_or_refuse(services, model, len(rows), timeout_ms)
     start_ms = now_ms()
     base = services.next_id()
-    request_id = call.request_id or ""
     items, ids = [], []
-    for i, tokens in enumerate(rows):
+    for part, indices in enumerate(groups):
+        members = [rows[i] for i in indices]
+        tokens, lengths = pack_rows(members)
         entry = RequestEntry(
-            id=f"{base}.{i}",
-            request_id=request_id,
-            model=model.info.name,
+            id=f"{base}.{part}",
+            request_id=call.request_id or "",
+            model=name,
             kind="embed",
-            tokens=pack_tokens(tokens),
+            tokens=tokens,
+            lengths=lengths,
             deadline_ms=start_ms + timeout_ms,
-            priority=priority,
+            priority=priority_of(request),
             reply_to=services.router.stream,
             enqueued_ms=start_ms,
         )
-        items.append((services.request_stream(model.info.name, len(tokens)), encode(entry)))
+        longest = max(len(r) for r in members)
+        items.append((services.request_stream(name, longest), encode(entry)))
         ids.append(entry.id)
-    entries = Entries(model.info.name, items, ids, start_ms + timeout_ms, timeout_ms)
-    return await submit(services, request, entries)  # type: ignore[return-value]
+    sizes = [len(g) for g in groups]
+    entries = Entries(name, items, ids, start_ms + timeout_ms, timeout_ms, sizes)
+    replies: list[EmbeddingResult] = await submit(services, request, entries)  # type: ignore[assignment]
+    tokens = sum(r.n_tokens for r in replies)
+    return Answered(_in_order(replies, groups, len(rows)), tokens, replies)
 
 
-def vectors(replies: list[EmbeddingResult]) -> np.ndarray:
-    """The replies' vectors as one (rows, dim) float32 array."""
-    return np.stack([r.vector() for r in replies]) if replies else np.zeros((0, 0), np.float32)
+def _in_order(replies: list[EmbeddingResult], groups: list[list[int]], n: int) -> np.ndarray:
+    """Each entry's vectors put back at their rows' places in the request."""
+    if not replies:
+        return np.zeros((0, 0), np.float32)
+    first = replies[0].vectors()
+    if len(replies) == 1:
+        return first
+    out = np.empty((n, first.shape[1]), np.float32)
+    for reply, indices in zip(replies, groups, strict=True):
+        out[indices] = reply.vectors()
+    return out
 
 
-def tokens_of(replies: list[EmbeddingResult]) -> int:
-    return sum(r.n_tokens for r in replies)
-
-
-def tuning_headers(call: Call, replies: list[EmbeddingResult]) -> dict[str, str]:
+def tuning_headers(call: Call, answered: Answered | None) -> dict[str, str]:
     """How the rows were batched: where each went, with whom, and how long it waited."""
     headers = {"X-Request-ID": call.request_id or ""}
+    replies = answered.replies if answered is not None else []
     if not replies:
         return headers
     headers.update(
@@ -69,12 +94,14 @@ def tuning_headers(call: Call, replies: list[EmbeddingResult]) -> dict[str, str]
             "X-Microbatch-Queue-Ms": f"{max(r.queue_ms for r in replies):.2f}",
             "X-Microbatch-Compute-Ms": f"{sum(r.compute_ms for r in replies):.2f}",
             "X-Microbatch-Worker": ",".join(sorted({r.worker for r in replies})),
-            "X-Microbatch-Batch-Id": ",".join(dict.fromkeys(r.batch_id for r in replies)),
+            "X-Microbatch-Batch-Id": ",".join(
+                dict.fromkeys(b for r in replies for b in r.batch_ids)
+            ),
         }
     )
     return headers
 
 
-def json_response(body: object, call: Call, replies: list[EmbeddingResult]) -> Response:
+def json_response(body: object, call: Call, answered: Answered | None) -> Response:
     content = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-    return Response(content, 200, tuning_headers(call, replies), media_type="application/json")
+    return Response(content, 200, tuning_headers(call, answered), media_type="application/json")

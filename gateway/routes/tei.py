@@ -14,7 +14,7 @@ from gateway.encoder_schemas import TeiDecodeRequest, TeiEmbedRequest
 from gateway.request import Call, api_call, parse_call
 from gateway.routes import classify
 from gateway.routes.embeddings import embedding_rows, vector_options
-from gateway.routes.rows import json_response, run_rows, vectors
+from gateway.routes.rows import json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import shorten
 
@@ -49,8 +49,8 @@ async def _embed(request: Request, call: Call) -> Response:
     rows = await embedding_rows(
         parsed, req.inputs, req.prompt_name, bool(req.truncate), req.truncation_direction
     )
-    replies = await run_rows(request, call, parsed, rows)
-    return json_response(shorten(vectors(replies), dimensions, normalize), call, replies)
+    answered = await run_rows(request, call, parsed, rows)
+    return json_response(shorten(answered.vectors, dimensions, normalize), call, answered)
 
 
 async def _decode(request: Request, call: Call) -> Response:
@@ -62,4 +62,4 @@ async def _decode(request: Request, call: Call) -> Response:
     for ids in lists:
         tokenizer.check_in_vocab(ids, "ids")  # type: ignore[arg-type]
         texts.append(tokenizer.decode_text(ids, req.skip_special_tokens))  # type: ignore[arg-type]
-    return json_response(texts, call, [])
+    return json_response(texts, call, None)

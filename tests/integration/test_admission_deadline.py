@@ -73,7 +73,7 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission(
     assert error["code"] == "deadline_infeasible", error
     assert refused_s < 0.5, "refused at admission, not after waiting for the deadline"
     assert int(refused.headers["retry-after"]) >= 1
-    assert "entries/s" in error["message"] and "1000 ms deadline" in error["message"]
+    assert "inputs/s" in error["message"] and "1000 ms deadline" in error["message"]
     assert generous.status_code == 200, "a deadline the backlog fits in is still admitted"
     assert [r.status_code for r in backlog] == [200] * BACKLOG
     metrics = httpx.get(f"{gateway.base_url}/metrics").text

@@ -94,9 +94,10 @@ def test_killed_after_publishing_before_acking_the_duplicate_is_dropped_and_coun
         entry = decode(read[0][1][0][1][b"m"])
         reply = EmbeddingResult(
             id=entry.id,
-            embedding=pack_vector(np.zeros(384, np.float32)),
+            embeddings=pack_vector(np.zeros((entry.row_lengths().size, 384), np.float32)),
+            rows=entry.row_lengths().size,
             n_tokens=entry.n_tokens,
-            batch_id="ghost:0",
+            batch_ids=["ghost:0"],
             batch_size=1,
             bucket=128,
             queue_ms=0.0,

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from common import streams
-from common.protocol import EmbeddingResult, ErrorReply, RequestEntry, decode, encode, pack_tokens
+from common.protocol import (
+    EmbeddingResult,
+    ErrorReply,
+    RequestEntry,
+    decode,
+    encode,
+    pack_rows,
+    pack_tokens,
+)
 from common.settings import Settings
 from common.store import close_store, open_store
 from worker.compute_threads import ComputeThreads
@@ -54,6 +62,7 @@ def _entry(i: int, tokens: list[int], deadline_in_ms: int = 60_000) -> RequestEn
         model="noop",
         kind="embed",
         tokens=pack_tokens(tokens),
+        lengths=pack_tokens([len(tokens)]),
         deadline_ms=now + deadline_in_ms,
         priority=1,
         reply_to=REPLY,
@@ -61,17 +70,44 @@ def _entry(i: int, tokens: list[int], deadline_in_ms: int = 60_000) -> RequestEn
     )
 
 
+def _rows_entry(i: int, lengths: list[int], poison_row: int | None = None) -> RequestEntry:
+    """An entry of several rows (row r: `lengths[r]` tokens of value r + 1, or POISON)."""
+    rows = [
+        np.full(n, POISON if r == poison_row else r + 1, dtype=np.uint32)
+        for r, n in enumerate(lengths)
+    ]
+    tokens, packed = pack_rows(rows)
+    now = int(time.time() * 1000)
+    return RequestEntry(
+        id=f"e.{i}",
+        request_id=f"r{i}",
+        model="noop",
+        kind="embed",
+        tokens=tokens,
+        lengths=packed,
+        deadline_ms=now + 60_000,
+        priority=1,
+        reply_to=REPLY,
+        enqueued_ms=now,
+    )
+
+
 async def _burst(
-    redis_url: str, entries: list[RequestEntry], cancelled: Sequence[str] = ()
+    redis_url: str,
+    entries: list[RequestEntry],
+    cancelled: Sequence[str] = (),
+    max_batch_size: int = 16,
 ) -> tuple[dict[str, EmbeddingResult | ErrorReply], RecordingRunner, int]:
     """Queue `entries`, run a worker until idle: its replies by id, its runner, what is left
     pending in the streams."""
-    settings = Settings(redis_url=redis_url, model="noop", max_wait_ms=0)
+    settings = Settings(
+        redis_url=redis_url, model="noop", max_wait_ms=0, max_batch_size=max_batch_size
+    )
     store = open_store(settings)
     keys = streams.Keys(settings.prefix)
     try:
         items = [
-            (keys.request("noop", 128 if e.n_tokens <= 128 else 512), encode(e)) for e in entries
+            (keys.request("noop", 128 if e.longest <= 128 else 512), encode(e)) for e in entries
         ]
         await streams.add_requests(store, items)
         await streams.cancel(store, keys, "noop", list(cancelled), int(time.time() * 1000) + 60_000)
@@ -106,7 +142,7 @@ def test_every_entry_is_answered_once_in_batches_that_never_mix_buckets(redis_ur
     for entry in short + long:
         reply = replies[entry.id]
         assert isinstance(reply, EmbeddingResult)
-        assert reply.vector().tolist() == [entry.n_tokens]
+        assert reply.vectors().tolist() == [[entry.n_tokens]]
     for lengths in runner.batches:
         assert all(n <= 128 for n in lengths) or all(n > 128 for n in lengths)
     assert left == 0  # answered entries are acked and deleted
@@ -131,4 +167,42 @@ def test_cancelled_and_expired_entries_cost_no_compute(redis_url: str) -> None:
     assert "e.1" not in replies  # its client left: nobody to answer
     late = replies["e.2"]
     assert isinstance(late, ErrorReply) and late.status == 504
+    assert left == 0
+
+
+def test_an_entry_of_many_rows_is_batched_with_others_and_answered_once(
+    redis_url: str,
+) -> None:
+    many = _rows_entry(0, list(range(1, 11)))  # ten rows, 1 to 10 tokens
+    single = _entry(1, [1] * 5)
+    replies, runner, left = asyncio.run(_burst(redis_url, [many, single], max_batch_size=4))
+    reply = replies["e.0"]
+    assert isinstance(reply, EmbeddingResult)
+    assert reply.vectors().tolist() == [[n] for n in range(1, 11)]  # its rows, in its order
+    assert reply.rows == 10 and reply.n_tokens == 55
+    assert len(reply.batch_ids) >= 3  # eleven rows in batches of four: its rows span several
+    assert all(len(batch) <= 4 for batch in runner.batches)
+    assert sorted(n for batch in runner.batches for n in batch) == sorted([*range(1, 11), 5])
+    assert isinstance(replies["e.1"], EmbeddingResult)
+    assert left == 0
+
+
+def test_a_failing_row_fails_its_own_entry_and_no_other(redis_url: str) -> None:
+    bad = _rows_entry(0, [3, 4, 5, 6], poison_row=2)
+    good = _rows_entry(1, [3, 4, 5, 6])
+    replies, runner, left = asyncio.run(_burst(redis_url, [bad, good], max_batch_size=8))
+    failed = replies["e.0"]
+    assert isinstance(failed, ErrorReply)
+    assert (failed.status, failed.code) == (500, "inference_failed")
+    assert replies["e.1"].vectors().tolist() == [[3], [4], [5], [6]]  # type: ignore[union-attr]
+    assert any(len(batch) > 1 for batch in runner.batches)  # they shared a batch, then bisected
+    assert left == 0
+
+
+def test_a_cancelled_entry_of_many_rows_computes_none_of_them(redis_url: str) -> None:
+    kept = _rows_entry(0, [2, 2])
+    gone = _rows_entry(1, [3, 3, 3])
+    replies, runner, left = asyncio.run(_burst(redis_url, [kept, gone], ["e.1"]))
+    assert sorted(n for batch in runner.batches for n in batch) == [2, 2]
+    assert "e.1" not in replies and isinstance(replies["e.0"], EmbeddingResult)
     assert left == 0

@@ -183,6 +183,7 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
             model="noop",
             kind="embed",
             tokens=pack_tokens([1, 2]),
+            lengths=pack_tokens([2]),
             deadline_ms=now + 60_000,
             priority=1,
             reply_to="mb:reply:t",

@@ -34,8 +34,8 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission() -> No
     decision = admit(state, 1, 4096, timeout_ms=1000)
     assert isinstance(decision, Rejected)
     assert (decision.reason, decision.code) == ("deadline_infeasible", "deadline_infeasible")
-    assert "200 entries" in decision.message
-    assert "20.0 entries/s" in decision.message
+    assert "200 inputs" in decision.message
+    assert "20.0 inputs/s" in decision.message
     assert "1000 ms deadline" in decision.message
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.buckets import bucket_for
+from common.buckets import bucket_for, parts
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from worker.embed.batching import Batch, Limits, Load, Wait, Waiting, next_batch
 from worker.embed.cost import Cost
@@ -265,3 +265,27 @@ def test_the_most_urgent_oldest_entry_is_always_in_the_batch(entries, now) -> No
     assert isinstance(decision, Batch)
     anchor = min(queue, key=lambda w: (w.arrived_s > now - 0.5 and w.priority == 1, w.arrived_s))
     assert anchor.key in decision.keys
+
+
+@pytest.mark.parametrize(
+    ("lengths", "max_rows", "expected"),
+    [
+        ([5], 128, [[0]]),
+        ([5, 300, 6, 200], 128, [[0, 2], [3], [1]]),  # a part per bucket, smallest first
+        ([5] * 5, 2, [[0], [1, 2], [3, 4]]),  # split evenly
+        ([600, 3], 4, [[1], [0]]),  # past the largest bucket: it shares the largest
+    ],
+)
+def test_a_request_travels_in_one_entry_per_bucket_and_max_rows(
+    lengths: list[int], max_rows: int, expected: list[list[int]]
+) -> None:
+    assert parts(lengths, BUCKETS, max_rows) == expected
+
+
+@given(st.lists(st.integers(1, 600), min_size=1, max_size=300), st.integers(1, 64))
+def test_parts_hold_every_row_once_within_their_limits(lengths: list[int], max_rows: int) -> None:
+    out = parts(lengths, BUCKETS, max_rows)
+    assert sorted(i for part in out for i in part) == list(range(len(lengths)))
+    for part in out:
+        assert 0 < len(part) <= max_rows
+        assert len({bucket_for(lengths[i], BUCKETS) or BUCKETS[-1] for i in part}) == 1

@@ -26,6 +26,7 @@ from common.protocol import (
     Scores,
     decode,
     encode,
+    pack_rows,
     pack_tokens,
     pack_vector,
 )
@@ -38,12 +39,15 @@ def entry(**over: object) -> RequestEntry:
         model="m",
         kind="embed",
         tokens=pack_tokens([101, 7, 102]),
+        lengths=pack_tokens([3]),
         deadline_ms=2_000,
         priority=1,
         reply_to="mb:reply:g",
         enqueued_ms=1_000,
     )
     fields.update(over)
+    if "tokens" in over and "lengths" not in over:  # one row of all the tokens
+        fields["lengths"] = pack_tokens([len(over["tokens"]) // 4])  # type: ignore[arg-type]
     return RequestEntry(**fields)
 
 
@@ -51,9 +55,10 @@ MESSAGES = [
     entry(),
     EmbeddingResult(
         id="abc.0",
-        embedding=pack_vector(np.arange(4, dtype=np.float32)),
+        embeddings=pack_vector(np.arange(4, dtype=np.float32)),
+        rows=1,
         n_tokens=3,
-        batch_id="w:1",
+        batch_ids=["w:1"],
         batch_size=2,
         bucket=128,
         queue_ms=1.5,
@@ -90,10 +95,45 @@ def test_tokens_travel_as_packed_uint32() -> None:
     assert decoded.n_tokens == 3
 
 
+def test_an_entry_carries_many_rows_and_gives_each_back() -> None:
+    rows = [np.array([101, 5, 102]), np.array([101, 102]), np.array([7] * 40)]
+    tokens, lengths = pack_rows(rows)
+    decoded = decode(encode(entry(tokens=tokens, lengths=lengths)))
+    assert [r.tolist() for r in decoded.rows()] == [r.tolist() for r in rows]
+    assert (decoded.n_tokens, decoded.longest) == (45, 40)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "why"),
+    [
+        ([3, 0], "every row has tokens"),  # an empty row
+        ([2], "add up"),  # fewer tokens named than carried
+        ([2, 2], "add up"),  # more
+        ([], "row lengths"),
+        ([1] * 1025, "row lengths"),
+    ],
+)
+def test_row_lengths_must_describe_the_tokens(lengths: list[int], why: str) -> None:
+    tokens = pack_tokens([1] * max(3, len(lengths)))
+    if len(lengths) > 3:
+        tokens = pack_tokens([1] * len(lengths))
+    bad = entry(tokens=tokens, lengths=pack_tokens(lengths))
+    with pytest.raises(ProtocolError, match=why):
+        decode(encode(bad))
+
+
+def test_a_reply_carries_rows_times_dim_floats() -> None:
+    vectors = np.arange(12, dtype=np.float32).reshape(3, 4)
+    message = dataclasses.replace(MESSAGES[1], embeddings=pack_vector(vectors), rows=3)
+    assert decode(encode(message)).vectors().tolist() == vectors.tolist()
+    with pytest.raises(ProtocolError, match="rows x dim"):
+        decode(encode(dataclasses.replace(message, rows=5)))
+
+
 def test_vectors_travel_as_float32_bytes() -> None:
     vector = np.array([0.5, -1.25, 3.0], dtype=np.float32)
-    message = dataclasses.replace(MESSAGES[1], embedding=pack_vector(vector))
-    assert decode(encode(message)).vector().tolist() == [0.5, -1.25, 3.0]
+    message = dataclasses.replace(MESSAGES[1], embeddings=pack_vector(vector))
+    assert decode(encode(message)).vectors().tolist() == [[0.5, -1.25, 3.0]]
 
 
 def _fields(message) -> dict:

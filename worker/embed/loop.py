@@ -1,11 +1,13 @@
 """`EmbedLoop`: the embedding worker's schedule — bucket queues → policy → runner → replies.
 
-It alone owns the local bucket queues (filled by the intake while it has room: up to
-`sort_window` entries, and no more than it can start within the latency target
-(`window.read_window`), so peers get the rest of a burst or a backlog). Each turn it drops cancelled
-entries, asks `batching.next_batch` what to run, and hands each batch to a free compute
-stream (`parallelism`: several at once on a CPU, a lone one on every core); a finished batch's
-replies are built by `replies.embedding_replies` and published by the intake.
+It alone owns the local bucket queues of rows (filled by the intake while it has room: up to
+`sort_window` rows, and no more than it can start within the latency target
+(`window.read_window`), so peers get the rest of a burst or a backlog). An entry brings
+several rows of one request; each row waits and is batched on its own, beside other
+requests' rows, and the entry's `Assembly` gathers their vectors. Each turn it drops the rows
+of cancelled or expired entries, asks `batching.next_batch` what to run, and hands each batch
+to a free compute stream (`parallelism`: several at once on a CPU, a lone one on every core);
+an entry whose rows are all computed is answered and acknowledged by the intake.
 """
 
 from __future__ import annotations
@@ -17,20 +19,22 @@ import time
 from collections.abc import Callable
 
 from common import metrics
-from common.protocol import RequestEntry
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
+from worker.embed.assembly import Assembly, BatchFacts
 from worker.embed.batching import Batch, Limits, Load, Waiting, next_batch
 from worker.embed.cost import Observations
 from worker.embed.parallelism import Parallelism
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
 from worker.intake import Held, Intake, wall_ms
-from worker.replies import BatchFacts, embedding_replies
+from worker.replies import Done, Reply
 
 log = logging.getLogger("microbatch.worker")
 DRAIN_POLL_S = 0.05
+ROWS_PER_ENTRY_WEIGHT = 0.1  # of each entry read in the mean that sizes the next read
+Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
 
 
 class EmbedLoop:
@@ -48,7 +52,9 @@ class EmbedLoop:
         self._clock = clock
         self._model = intake.model
         self._limits = Limits.from_settings(settings)
-        self._queues: dict[int, dict[int, Held]] = {b: {} for b in settings.buckets}
+        self._queues: dict[int, dict[int, Row]] = {b: {} for b in settings.buckets}
+        self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
+        self._rows_per_entry = 1.0
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
         # a runner says whether batches may compute side by side on it (torch on a CPU)
@@ -60,7 +66,7 @@ class EmbedLoop:
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
         self._observed = Observations(settings.buckets)
-        self._rate = ServiceRate()  # entries per compute second: bounds the read window
+        self._rate = ServiceRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
         intake.feed(self)
 
@@ -75,8 +81,9 @@ class EmbedLoop:
         return bool(self.held or self._computing)
 
     def room(self) -> int:
-        """Enough to sort a window by length, no more than this worker starts soon: what it
-        leaves on the stream goes to a peer with room."""
+        """Entries to read: rows enough to sort a window by length, no more than this worker
+        starts soon (what it leaves on the stream goes to a peer with room), at the rows per
+        entry it has been reading; at least one while there is room for a row."""
         window = read_window(
             sort_window=self._settings.sort_window,
             max_batch_size=self._limits.max_batch_size,
@@ -84,7 +91,8 @@ class EmbedLoop:
             entries_per_s=self._rate.per_second(),
             horizon_s=self._limits.latency_slo_s,
         )
-        return window - self.held
+        rows = window - self.held
+        return max(1, round(rows / self._rows_per_entry)) if rows > 0 else 0
 
     def hung(self) -> bool:
         """A batch running past `max_batch_ms` means the model is stuck, not slow."""
@@ -92,8 +100,14 @@ class EmbedLoop:
         return bool(starts) and self._clock() - min(starts) > self._settings.max_batch_ms / 1000
 
     def hold(self, held: Held) -> None:
-        self._queues[held.bucket][next(self._seq)] = held
-        self._observed.arrival(held.bucket, held.arrived_s)
+        assembly = Assembly.of(held)
+        self._entries[(held.stream, held.entry_id)] = assembly
+        queue = self._queues[held.bucket]
+        for index in range(len(assembly.rows)):
+            queue[next(self._seq)] = (assembly, index)
+            self._observed.arrival(held.bucket, held.arrived_s)
+        n = len(assembly.rows)
+        self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
 
     def live_limits(self, overrides: dict[str, str]) -> None:
         base = Limits.from_settings(self._settings)
@@ -148,8 +162,8 @@ class EmbedLoop:
     def _snapshot(self) -> dict[int, list[Waiting]]:
         return {
             bucket: [
-                Waiting(key, h.entry.n_tokens, h.arrived_s, h.entry.priority)
-                for key, h in q.items()
+                Waiting(key, len(a.rows[i]), a.held.arrived_s, a.entry.priority)
+                for key, (a, i) in q.items()
             ]
             for bucket, q in self._queues.items()
         }
@@ -161,35 +175,51 @@ class EmbedLoop:
         return Load(cost, rates, len(self._computing), per_bucket)
 
     async def _drop_unwanted(self) -> None:
-        """Before any compute: ack held entries whose client left, and answer 504 for those
-        whose deadline passed while they waited here (read early, within `sort_window`)."""
+        """Before any compute: drop the queued rows of entries whose client left (acked) or
+        whose deadline passed while they waited here (answered 504), once none of their rows
+        is computing (read early, within `sort_window`)."""
         cancelled, now_ms = self._intake.cancelled, wall_ms()
         dropped = [
-            (bucket, key)
-            for bucket, queue in self._queues.items()
-            for key, held in queue.items()
-            if held.entry.id in cancelled or held.entry.deadline_ms <= now_ms
+            a
+            for a in self._entries.values()
+            if not a.dropped and (a.entry.id in cancelled or a.entry.deadline_ms <= now_ms)
         ]
         if not dropped:
             return
-        replies, done = [], []
-        for bucket, key in dropped:
-            held = self._queues[bucket].pop(key)
-            done.append((held.stream, held.entry_id))
-            if held.entry.id not in cancelled:
-                late_ms = now_ms - held.entry.deadline_ms
-                message = f"deadline passed {late_ms} ms before compute"
-                replies.append(self._intake.error(held.entry, 504, "deadline_exceeded", message))
-        metrics.cancelled_total.inc(len(done))
+        skipped = 0  # rows that will never compute
+        for assembly in dropped:
+            assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
+            queue = self._queues[assembly.held.bucket]
+            for key in [k for k, (a, _) in queue.items() if a is assembly]:
+                del queue[key]
+                skipped += 1
+        metrics.cancelled_total.inc(skipped)
+        replies, done = self._settle(dropped, now_ms)
         await self._intake.publish(replies, done)
+
+    def _settle(self, assemblies: list[Assembly], now_ms: int) -> tuple[list[Reply], list[Done]]:
+        """The replies and acks of those entries that are settled, which leave the loop."""
+        replies, done = [], []
+        for assembly in assemblies:
+            if not assembly.settled:
+                continue
+            held = assembly.held
+            del self._entries[(held.stream, held.entry_id)]
+            done.append((held.stream, held.entry_id))
+            reply = assembly.reply(held.bucket, self._intake.name, now_ms)
+            if reply is not None:
+                replies.append(reply)
+        return replies, done
 
     # ---- running a batch -------------------------------------------------------------------
 
     def _start_batch(self, batch: Batch, threads: int, stream: int) -> None:
-        """Take the batch's entries off the queues now, so the next decision cannot pick
-        them again, and compute it beside any other running batch."""
+        """Take the batch's rows off the queues now, so the next decision cannot pick them
+        again, and compute it beside any other running batch."""
         queue = self._queues[batch.bucket]
         members = [queue.pop(key) for key in batch.keys]
+        for assembly, _ in members:
+            assembly.started(1)
         self._intake.changed.set()  # room for the reader
         task = spawn_supervised(
             "batch", self._run_batch(batch, members, threads, stream), self._batch_ended
@@ -205,45 +235,46 @@ class EmbedLoop:
         if exc is not None:
             self._intake.crash(exc)
 
-    async def _run_batch(
-        self, batch: Batch, members: list[Held], threads: int, stream: int
-    ) -> None:
+    async def _run_batch(self, batch: Batch, members: list[Row], threads: int, stream: int) -> None:
         start_ms = wall_ms()
         t0 = time.perf_counter()
-        rows = [h.entry.token_ids() for h in members]
+        rows = [a.rows[i] for a, i in members]
         results = await asyncio.wrap_future(
             self._compute.submit(stream, self._runner.embed, rows, threads=threads)
         )
         compute_s = time.perf_counter() - t0
-        entries = [h.entry for h in members]
-        self._observe(batch, entries, compute_s, start_ms, threads)
+        self._observe(batch, members, compute_s, start_ms, threads)
         facts = BatchFacts(
-            f"{self._intake.name}:{next(self._batch_ids)}",
-            batch.bucket,
-            start_ms,
-            compute_s,
-            self._intake.name,
+            f"{self._intake.name}:{next(self._batch_ids)}", len(members), start_ms, compute_s
         )
-        replies = embedding_replies(entries, results, facts)  # type: ignore[arg-type]
-        self._intake.publish_soon(replies, [(h.stream, h.entry_id) for h in members])
+        by_entry: dict[int, list[tuple[int, object]]] = {}
+        for (assembly, index), result in zip(members, results, strict=True):
+            by_entry.setdefault(id(assembly), []).append((index, result))
+            if isinstance(result, Exception):
+                log.error(
+                    "input failed: %r",
+                    result,
+                    extra={"request_id": assembly.entry.request_id, "entry": assembly.entry.id},
+                )
+        assemblies = list({id(a): a for a, _ in members}.values())
+        for assembly in assemblies:
+            assembly.filled(iter(by_entry[id(assembly)]), facts)
+        replies, done = self._settle(assemblies, wall_ms())
+        if done:
+            self._intake.publish_soon(replies, done)
         self.batches_run += 1
 
     def _observe(
-        self,
-        batch: Batch,
-        entries: list[RequestEntry],
-        compute_s: float,
-        start_ms: int,
-        threads: int,
+        self, batch: Batch, members: list[Row], compute_s: float, start_ms: int, threads: int
     ) -> None:
         labels = (self._model, str(batch.bucket))
-        metrics.batch_size.labels(*labels).observe(len(entries))
+        metrics.batch_size.labels(*labels).observe(len(members))
         metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
         metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
         metrics.compute_seconds.labels(*labels).observe(compute_s)
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
-        self._rate.observe(len(entries), compute_s)
-        waits_ms = [max(0, start_ms - e.enqueued_ms) for e in entries]
+        self._rate.observe(len(members), compute_s)
+        waits_ms = [max(0, start_ms - a.entry.enqueued_ms) for a, _ in members]
         for wait_ms in waits_ms:
             metrics.queue_wait_seconds.labels(*labels).observe(wait_ms / 1000)
         if log.isEnabledFor(logging.DEBUG):
@@ -252,13 +283,13 @@ class EmbedLoop:
                 extra={
                     "model": self._model,
                     "bucket": batch.bucket,
-                    "size": len(entries),
+                    "size": len(members),
                     "padded_tokens": batch.padded_tokens,
                     "real_tokens": batch.real_tokens,
                     "trigger": batch.trigger,
                     "max_wait_ms": max(waits_ms),
                     "compute_ms": round(compute_s * 1000, 2),
-                    "request_ids": sorted({e.request_id for e in entries}),
+                    "request_ids": sorted({a.entry.request_id for a, _ in members}),
                 },
             )
 
