@@ -59,7 +59,7 @@ class Settings(BaseSettings):
     # Rows one queue entry carries: a request's rows of one bucket travel in entries of at
     # most this many, so a bulk request costs a few Redis commands and still spreads over
     # several workers' batches.
-    max_entry_rows: int = Field(default=128, gt=0, le=MAX_ENTRY_ROWS)
+    max_entry_rows: int = Field(default=256, gt=0, le=MAX_ENTRY_ROWS)
     # Texts shorter than this are tokenized inline: a thread hop costs more than they do.
     inline_tokenize_chars: int = Field(default=2048, ge=0)
     gateway_id: str | None = None

@@ -159,17 +159,19 @@ async def complete(
     *,
     reply_maxlen: int,
     reply_ttl_s: int,
+    expire: Iterable[str] | None = None,
 ) -> None:
     """Publish replies, then ack and delete the entries they answer, in one round trip.
 
     Replies go first so a crash between the two re-runs the entry (at-least-once) rather
-    than acking an entry nobody answered.
+    than acking an entry nobody answered. The reply streams in `expire` (default: all) get
+    their time to live again, so a dead gateway's stream goes away on its own.
     """
     pipe = pipeline(store)
     for reply_to, payload in replies:
         pipe.xadd(reply_to, {FIELD: payload}, maxlen=reply_maxlen)
-    for reply_to in {r for r, _ in replies}:
-        pipe.expire(reply_to, reply_ttl_s)  # a dead gateway's stream goes away on its own
+    for reply_to in {r for r, _ in replies} if expire is None else expire:
+        pipe.expire(reply_to, reply_ttl_s)
     by_stream: dict[str, list[str]] = {}
     for stream, entry_id in done:
         by_stream.setdefault(stream, []).append(entry_id)

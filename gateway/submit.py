@@ -8,7 +8,9 @@ computes answers nobody reads; past its deadline a worker drops an entry by itse
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -16,6 +18,7 @@ from fastapi import Request
 from common import metrics
 from common.errors import (
     ClientGone,
+    MicrobatchError,
     Overloaded,
     ServiceUnavailable,
     error_from_reply,
@@ -23,7 +26,7 @@ from common.errors import (
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
 from gateway import admission
 from gateway.catalog import ModelEntry
-from gateway.replies import Choices
+from gateway.replies import Choices, ReplyRouter
 from gateway.services import Services
 from gateway.waiting import await_replies
 
@@ -70,14 +73,21 @@ class Entries:
 
 
 async def submit(
-    services: Services, request: Request, entries: Entries, choices: int = 1
+    services: Services,
+    request: Request,
+    entries: Entries,
+    choices: int = 1,
+    more: AsyncIterator[Entries] | None = None,
 ) -> list[Answer]:
     """Write the entries and return each one's answer, in order; with several `choices` per
-    entry (generation's n), each choice's final chunk, in (entry, choice) order."""
+    entry (generation's n), each choice's final chunk, in (entry, choice) order. `more`
+    yields further entries of the same request as they are made: each is queued at once, so
+    workers compute a bulk request's first rows while the rest are still being tokenized; if
+    making them fails, what was queued is cancelled."""
     router = services.router
+    ids = list(entries.ids)
     if choices == 1:
-        rows = entries.rows or [1] * len(entries.ids)
-        futures = [router.expect(i, n) for i, n in zip(entries.ids, rows, strict=True)]
+        futures = _expect(router, entries)
     else:
         collector = Choices(entries.ids, choices)
         for entry_id in entries.ids:
@@ -85,16 +95,30 @@ async def submit(
         futures = [collector.future]
     try:
         await services.enqueuer.add(entries.items)
+        if more is not None:
+            try:
+                async for part in more:
+                    ids += part.ids
+                    futures += _expect(router, part)
+                    await services.enqueuer.add(part.items)
+            except MicrobatchError:
+                services.canceller.cancel(entries.model, ids, entries.deadline_ms)
+                raise
         replies = await await_replies(request, futures, entries.timeout_ms)
         if choices > 1:
             replies = replies[0]
     except ClientGone:
         # a cancellation lasts until the deadline; past it, workers drop the entries anyway
-        services.canceller.cancel(entries.model, entries.ids, entries.deadline_ms)
+        services.canceller.cancel(entries.model, ids, entries.deadline_ms)
         raise
     finally:
-        router.forget(entries.ids)
+        router.forget(ids)
     return [raise_if_error(r) for r in replies]
+
+
+def _expect(router: ReplyRouter, entries: Entries) -> list[asyncio.Future]:
+    rows = entries.rows or [1] * len(entries.ids)
+    return [router.expect(i, n) for i, n in zip(entries.ids, rows, strict=True)]
 
 
 def raise_if_error(reply: Answer | ErrorReply) -> Answer:

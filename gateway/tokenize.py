@@ -42,11 +42,17 @@ class ModelTokenizer:
         return tokenizer
 
     def encode_texts(
-        self, texts: Sequence[str], truncate: bool, check: bool = True, direction: str = "right"
+        self,
+        texts: Sequence[str],
+        truncate: bool,
+        check: bool = True,
+        direction: str = "right",
+        offset: int = 0,
     ) -> list[np.ndarray]:
         """Token ids per text; `check` refuses one over the limit (a prompt is checked by its
-        caller against the context, together with the tokens it asks for)."""
-        for i, text in enumerate(texts):
+        caller against the context, together with the tokens it asks for). Errors name a
+        text by its place in the request: `offset` is where `texts` start in it."""
+        for i, text in enumerate(texts, offset):
             if not text:
                 raise InvalidRequest(f"input[{i}] is an empty string", param=f"input[{i}]")
         tokenizer = self._cutting(direction) if truncate else self._plain
@@ -57,7 +63,7 @@ class ModelTokenizer:
         )
         out = [np.asarray(e.ids, dtype=np.uint32) for e in encoded]
         if check:
-            self._check_lengths(out)
+            self._check_lengths(out, offset)
         return out
 
     def encode_pairs(
@@ -177,8 +183,8 @@ class ModelTokenizer:
             self._check_lengths(out)
         return out
 
-    def _check_lengths(self, encoded: list[np.ndarray]) -> None:
-        for i, ids in enumerate(encoded):
+    def _check_lengths(self, encoded: list[np.ndarray], offset: int = 0) -> None:
+        for i, ids in enumerate(encoded, offset):
             if len(ids) > self.max_tokens:
                 raise InputTooLong(
                     f"input[{i}] has {len(ids)} tokens; the limit for this model is "
@@ -201,9 +207,12 @@ class TokenizePool:
         truncate: bool,
         check: bool = True,
         direction: str = "right",
+        offset: int = 0,
     ) -> list[np.ndarray]:
         chars = sum(len(t) for t in texts)
-        return await self.run(chars, tokenizer.encode_texts, texts, truncate, check, direction)
+        return await self.run(
+            chars, tokenizer.encode_texts, texts, truncate, check, direction, offset
+        )
 
     async def run(self, chars: int, fn, *args):
         """`fn(*args)` inline when `chars` is small, else on the pool."""

@@ -103,6 +103,7 @@ class Intake:
         self._publishing: set[asyncio.Task] = set()
         self._publish_lock = asyncio.Lock()
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
+        self._expired: dict[str, float] = {}  # reply stream -> when this worker set its TTL
         self._last_beat_s = 0.0
         self._utilization = Utilization(settings.device)
 
@@ -336,6 +337,7 @@ class Intake:
     async def publish(self, replies: list[Reply], done: list[Done]) -> None:
         """Reply then ack; on failure leave the entries pending so they are redone, not lost."""
         backoff = Backoff()
+        expire = self._due_for_ttl({stream for stream, _ in replies})
         try:
             for _attempt in range(PUBLISH_ATTEMPTS):
                 try:
@@ -345,13 +347,25 @@ class Intake:
                         done,
                         reply_maxlen=self.settings.reply_maxlen,
                         reply_ttl_s=self._reply_ttl_s,
+                        expire=expire,
                     )
+                    now = self._clock()
+                    self._expired.update(dict.fromkeys(expire, now))
                     return
                 except RedisError as exc:
                     await backoff.wait(log, "publish", exc)
             log.error("gave up publishing %d replies; they stay pending for reclaim", len(done))
         finally:
             self.owned.difference_update(done)
+
+    def _due_for_ttl(self, reply_streams: set[str]) -> list[str]:
+        """Reply streams whose TTL this worker has not set in a quarter of it. A stream
+        cannot expire sooner (its gateway sets the same TTL), so a reply never re-creates
+        one without a TTL; the rest cost no EXPIRE per reply."""
+        now, quarter = self._clock(), self._reply_ttl_s / 4
+        if len(self._expired) > 4096:  # gateways come and go: forget the long-expired
+            self._expired = {s: t for s, t in self._expired.items() if now - t < quarter}
+        return [s for s in reply_streams if now - self._expired.get(s, -quarter) >= quarter]
 
     @property
     def publishing(self) -> bool:

@@ -8,6 +8,7 @@ inputs of its length bucket, and answered by whichever workers batch them; `dime
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator
 
 import numpy as np
 from fastapi import Request
@@ -15,8 +16,8 @@ from fastapi.responses import Response
 
 from common.errors import InvalidRequest
 from common.protocol import ModelInfo
-from gateway.request import Call, Parsed, api_call, parse_call, token_lists
-from gateway.routes.rows import json_response, run_rows
+from gateway.request import Call, Parsed, api_call, check_count, parse_call, token_lists
+from gateway.routes.rows import RowBlocks, json_response, run_rows
 from gateway.schemas import EmbeddingRequest, openapi_body
 from gateway.scores import shorten
 
@@ -57,8 +58,9 @@ async def _embed(request: Request, call: Call) -> Response:
 
 async def embedding_rows(
     parsed: Parsed, data: str | list, prompt_name: str | None, truncate: bool, direction: str
-) -> list[np.ndarray]:
-    """Token rows of an `input`, each text after the prompt named (or the model's default)."""
+) -> list[np.ndarray] | RowBlocks:
+    """Token rows of an `input`, each text after the prompt named (or the model's default);
+    more texts than one entry carries are tokenized a block at a time, as they are queued."""
     info = parsed.model.info
     name = prompt_name if prompt_name is not None else info.default_prompt
     if prompt_name is not None and prompt_name not in info.prompts:
@@ -74,9 +76,22 @@ async def embedding_rows(
         raise InvalidRequest(
             "prompt_name applies to text inputs, not token ids", param="prompt_name"
         )
-    return await token_lists(
-        parsed.services, parsed.model, data, truncate=truncate, direction=direction
-    )
+    services, size = parsed.services, parsed.services.settings.max_entry_rows
+    if isinstance(data, list) and len(data) > size and isinstance(data[0], str):
+        check_count(services, len(data), "input")
+        return RowBlocks(len(data), _blocks(parsed, data, truncate, direction))
+    return await token_lists(services, parsed.model, data, truncate=truncate, direction=direction)
+
+
+async def _blocks(
+    parsed: Parsed, texts: list[str], truncate: bool, direction: str
+) -> AsyncIterator[list[np.ndarray]]:
+    size, tokenizer = parsed.services.settings.max_entry_rows, parsed.model.tokenizer
+    for start in range(0, len(texts), size):
+        block = texts[start : start + size]
+        yield await parsed.services.tokenize.encode(
+            tokenizer, block, truncate, True, direction, offset=start
+        )
 
 
 def vector_options(

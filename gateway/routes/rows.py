@@ -8,6 +8,7 @@ headers that say how the rows were batched.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,42 +31,72 @@ class Answered:
     replies: list[EmbeddingResult]
 
 
+@dataclass(frozen=True, slots=True)
+class RowBlocks:
+    """A request's rows made a block at a time (tokenized while earlier blocks compute)."""
+
+    count: int
+    blocks: AsyncIterator[list[np.ndarray]]
+
+
 async def run_rows(
-    request: Request, call: Call, parsed: Parsed, rows: list[np.ndarray]
+    request: Request, call: Call, parsed: Parsed, rows: list[np.ndarray] | RowBlocks
 ) -> Answered:
-    """Queue `rows` for `parsed.model` and return their vectors, in order."""
-    services, model, settings = parsed.services, parsed.model, parsed.services.settings
-    timeout_ms = timeout_ms_of(request, settings.request_timeout_ms)
-    name = model.info.name
-    groups = parts([len(r) for r in rows], settings.buckets, settings.max_entry_rows)
-    services.entry_rows.observe(name, len(rows), len(groups))
-    admit_or_refuse(services, model, len(rows), timeout_ms)
-    start_ms = now_ms()
-    base = services.next_id()
-    items, ids = [], []
-    for part, indices in enumerate(groups):
-        members = [rows[i] for i in indices]
-        tokens, lengths = pack_rows(members)
-        entry = RequestEntry(
-            id=f"{base}.{part}",
-            request_id=call.request_id or "",
-            model=name,
-            kind="embed",
-            tokens=tokens,
-            lengths=lengths,
-            deadline_ms=start_ms + timeout_ms,
-            priority=priority_of(request),
-            reply_to=services.router.stream,
-            enqueued_ms=start_ms,
-        )
-        longest = max(len(r) for r in members)
-        items.append((services.request_stream(name, longest), encode(entry)))
-        ids.append(entry.id)
-    sizes = [len(g) for g in groups]
-    entries = Entries(name, items, ids, start_ms + timeout_ms, timeout_ms, sizes)
-    replies: list[EmbeddingResult] = await submit(services, request, entries)  # type: ignore[assignment]
+    """Queue `rows` for `parsed.model` and return their vectors, in order; `RowBlocks` are
+    queued block by block, as they are made."""
+    services, model = parsed.services, parsed.model
+    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
+    blocks = rows if isinstance(rows, RowBlocks) else RowBlocks(len(rows), _one(rows))
+    admit_or_refuse(services, model, blocks.count, timeout_ms)
+    groups: list[list[int]] = []  # each entry's rows, as indices into the request's rows
+    parts = _entries(request, call, parsed, blocks.blocks, timeout_ms, groups)
+    first = await anext(parts)
+    replies: list[EmbeddingResult] = await submit(services, request, first, more=parts)  # type: ignore[assignment]
     tokens = sum(r.n_tokens for r in replies)
-    return Answered(_in_order(replies, groups, len(rows)), tokens, replies)
+    return Answered(_in_order(replies, groups, blocks.count), tokens, replies)
+
+
+async def _one(rows: list[np.ndarray]) -> AsyncIterator[list[np.ndarray]]:
+    yield rows
+
+
+async def _entries(
+    request: Request,
+    call: Call,
+    parsed: Parsed,
+    blocks: AsyncIterator[list[np.ndarray]],
+    timeout_ms: int,
+    groups: list[list[int]],
+) -> AsyncIterator[Entries]:
+    """Each block's entries: its rows grouped by bucket, at most `max_entry_rows` each."""
+    services, settings, name = parsed.services, parsed.services.settings, parsed.model.info.name
+    start_ms, base, priority = now_ms(), services.next_id(), priority_of(request)
+    offset = 0
+    async for block in blocks:
+        items, ids, sizes = [], [], []
+        for indices in parts([len(r) for r in block], settings.buckets, settings.max_entry_rows):
+            members = [block[i] for i in indices]
+            tokens, lengths = pack_rows(members)
+            entry = RequestEntry(
+                id=f"{base}.{len(groups)}",
+                request_id=call.request_id or "",
+                model=name,
+                kind="embed",
+                tokens=tokens,
+                lengths=lengths,
+                deadline_ms=start_ms + timeout_ms,
+                priority=priority,
+                reply_to=services.router.stream,
+                enqueued_ms=start_ms,
+            )
+            longest = max(len(r) for r in members)
+            items.append((services.request_stream(name, longest), encode(entry)))
+            ids.append(entry.id)
+            sizes.append(len(indices))
+            groups.append([offset + i for i in indices])
+        services.entry_rows.observe(name, len(block), len(ids))
+        offset += len(block)
+        yield Entries(name, items, ids, start_ms + timeout_ms, timeout_ms, sizes)
 
 
 def _in_order(replies: list[EmbeddingResult], groups: list[list[int]], n: int) -> np.ndarray:

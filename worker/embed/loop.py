@@ -53,6 +53,8 @@ class EmbedLoop:
         self._model = intake.model
         self._limits = Limits.from_settings(settings)
         self._queues: dict[int, dict[int, Row]] = {b: {} for b in settings.buckets}
+        # what the policy sees of each queued row, made once when it arrives
+        self._views: dict[int, dict[int, Waiting]] = {b: {} for b in settings.buckets}
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
         self._rows_per_entry = 1.0
         self._seq = itertools.count()
@@ -102,9 +104,12 @@ class EmbedLoop:
     def hold(self, held: Held) -> None:
         assembly = Assembly.of(held)
         self._entries[(held.stream, held.entry_id)] = assembly
-        queue = self._queues[held.bucket]
-        for index in range(len(assembly.rows)):
-            queue[next(self._seq)] = (assembly, index)
+        queue, views = self._queues[held.bucket], self._views[held.bucket]
+        priority = assembly.entry.priority
+        for index, row in enumerate(assembly.rows):
+            key = next(self._seq)
+            queue[key] = (assembly, index)
+            views[key] = Waiting(key, len(row), held.arrived_s, priority)
             self._observed.arrival(held.bucket, held.arrived_s)
         n = len(assembly.rows)
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
@@ -160,13 +165,7 @@ class EmbedLoop:
         return max(1e-9, decision.until_s - self._clock())
 
     def _snapshot(self) -> dict[int, list[Waiting]]:
-        return {
-            bucket: [
-                Waiting(key, len(a.rows[i]), a.held.arrived_s, a.entry.priority)
-                for key, (a, i) in q.items()
-            ]
-            for bucket, q in self._queues.items()
-        }
+        return {bucket: list(views.values()) for bucket, views in self._views.items()}
 
     def _load(self) -> Load:
         """Arrival rates, and the batch cost at the thread count batches get under load."""
@@ -190,8 +189,9 @@ class EmbedLoop:
         for assembly in dropped:
             assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
             queue = self._queues[assembly.held.bucket]
+            views = self._views[assembly.held.bucket]
             for key in [k for k, (a, _) in queue.items() if a is assembly]:
-                del queue[key]
+                del queue[key], views[key]
                 skipped += 1
         metrics.cancelled_total.inc(skipped)
         replies, done = self._settle(dropped, now_ms)
@@ -216,8 +216,10 @@ class EmbedLoop:
     def _start_batch(self, batch: Batch, threads: int, stream: int) -> None:
         """Take the batch's rows off the queues now, so the next decision cannot pick them
         again, and compute it beside any other running batch."""
-        queue = self._queues[batch.bucket]
+        queue, views = self._queues[batch.bucket], self._views[batch.bucket]
         members = [queue.pop(key) for key in batch.keys]
+        for key in batch.keys:
+            del views[key]
         for assembly, _ in members:
             assembly.started(1)
         self._intake.changed.set()  # room for the reader

@@ -1,0 +1,281 @@
+"""The queue path at hardware speed: microbatch's own cost per input and per request, `noop` model.
+
+    .venv/bin/python benchmarks/queue_path.py                       # ~3 min on 2 cores
+    .venv/bin/python benchmarks/queue_path.py --baseline ../old     # and an older checkout
+
+One redis-server, one gateway and one `noop` worker (no compute: zero vectors), all on this
+machine with the load generator, as the queue-path issue measured them. For each code tree
+(this checkout, and `--baseline DIR` if given: another checkout run the same way, side by
+side in the same run) it measures:
+
+- bulk: one request of `--bulk` (1,024) short inputs at a time, `--bulk-requests` of them
+  after a warm-up, with `encoding_format` float and base64: median end-to-end ms, and us per
+  input;
+- Redis commands per input and per request of those bulk requests (INFO commandstats, the
+  INFO calls themselves left out);
+- wrk, single-input requests, `--connections` (64) for `--duration` s: requests/s and p50;
+- wrk, one connection: the mean round trip, and Redis commands per request;
+- `--processes 2` against 1 (where the tree has the option): wrk at 64 connections.
+
+Each figure is printed with its goal and the ratio to it; `--out` keeps the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import orjson
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.batching import env_with, free_port, parse_wrk
+from benchmarks.fleet import host_cpu, need, poll, start_redis
+from benchmarks.redis_cost import wrk_script
+from common.cli import loadgen
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "noop"
+GOALS = {  # the queue-path issue's goal column
+    "bulk_us_per_input_base64": ("<=", 20.0),
+    "bulk_us_per_input_float": ("<=", 35.0),
+    "bulk_redis_commands_per_input": ("<=", 0.05),
+    "wrk64_requests_per_s": (">=", 5000.0),
+    "wrk1_mean_ms": ("<=", 0.8),
+}
+
+
+def _commands(client: redis.Redis) -> Counter:
+    stats = client.info("commandstats")
+    return Counter(
+        {
+            k.removeprefix("cmdstat_"): int(v["calls"])
+            for k, v in stats.items()
+            if k not in ("cmdstat_info",)
+        }
+    )
+
+
+@contextmanager
+def _process(code: Path, args: list[str], env: dict[str, str], log: Path):
+    """A `microbatch` role run from the checkout `code` (its own modules first on the path)."""
+    env = {**env, "PYTHONPATH": str(code)}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "common.cli", *args],
+            cwd=code,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # --processes children go with it
+        )
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _ready(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+        body = httpx.get(f"{url}/readyz", timeout=2).json()
+        return int(body["models"][MODEL]["live_workers"]) >= 1
+    return False
+
+
+@contextmanager
+def _stack(code: Path, redis_url: str, folder: Path, processes: int = 1):
+    """One worker and one gateway (of `processes` processes) of the noop model; its URL."""
+    common = {"model": MODEL, "redis_url": redis_url, "max_queue_depth": 100_000}
+    port = free_port()
+    with ExitStack() as stack:
+        stack.enter_context(
+            _process(code, ["worker"], env_with(worker_id="w0", **common), folder / "w0.log")
+        )
+        extra = {"processes": processes} if processes > 1 else {}
+        env = env_with(port=port, gateway_id="gw", **common, **extra)
+        stack.enter_context(_process(code, ["gateway"], env, folder / f"gw-{port}.log"))
+        url = f"http://127.0.0.1:{port}"
+        poll(lambda: _ready(url), 120, f"gateway on {port} with a live worker")
+        yield url
+
+
+def _bulk(url: str, client: redis.Redis, texts: list[str], fmt: str, n: int) -> dict:
+    """Sequential bulk requests; the client sends prepared bytes and reads the body without
+    parsing it inside the timed part, so the figure is the server's and the wire's."""
+    body = orjson.dumps({"model": MODEL, "input": texts, "encoding_format": fmt})
+    headers = {"Content-Type": "application/json"}
+    with httpx.Client(timeout=60) as http:
+        for _ in range(3):  # warm-up: connections, caches, the cost model
+            answer = http.post(f"{url}/v1/embeddings", content=body, headers=headers)
+            answer.raise_for_status()
+        assert len(orjson.loads(answer.content)["data"]) == len(texts)
+        before = _commands(client)
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            response = http.post(f"{url}/v1/embeddings", content=body, headers=headers)
+            times.append(time.perf_counter() - t0)
+            response.raise_for_status()
+        calls = _commands(client) - before
+    median_ms = statistics.median(times) * 1000
+    return {
+        "median_ms": round(median_ms, 2),
+        "us_per_input": round(median_ms * 1000 / len(texts), 2),
+        "inputs_per_s": round(len(texts) / (median_ms / 1000)),
+        "redis_commands_per_request": round(sum(calls.values()) / n, 2),
+        "redis_commands_per_input": round(sum(calls.values()) / n / len(texts), 4),
+        "by_command_per_request": {k: round(v / n, 2) for k, v in calls.most_common()},
+    }
+
+
+def _wrk(url: str, script: Path, connections: int, duration_s: float) -> dict:
+    wrk = need("wrk")
+    args = [wrk, "-t1", f"-c{connections}", f"-d{duration_s:g}s", "--timeout", "30s"]
+    args += ["--latency", "-s", str(script), f"{url}/v1/embeddings"]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=300).stdout
+    parsed = parse_wrk(out)
+    mean = re.search(r"Latency\s+([\d.]+)(us|ms|s)", out)
+    if mean:
+        parsed["mean_ms"] = float(mean.group(1)) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[mean.group(2)]
+    total = re.search(r"(\d+) requests in", out)
+    parsed["requests"] = int(total.group(1)) if total else 0
+    return parsed
+
+
+def _single(url: str, client: redis.Redis, script: Path, connections: int, s: float) -> dict:
+    _wrk(url, script, connections, 1.0)  # warm-up
+    before = _commands(client)
+    result = _wrk(url, script, connections, s)
+    calls = _commands(client) - before
+    per_request = sum(calls.values()) / max(1, result["requests"])
+    result["redis_commands_per_request"] = round(per_request, 2)
+    return result
+
+
+def _supports_processes(code: Path) -> bool:
+    return "processes" in (code / "common" / "settings.py").read_text()
+
+
+def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> dict:
+    client = redis.Redis.from_url(redis_url)
+    texts = loadgen.workload("short", args.bulk)
+    script = wrk_script({"model": MODEL, "input": "a short text to embed"}, folder, "single")
+    out: dict = {"code": str(code)}
+    client.flushall()
+    with _stack(code, redis_url, folder / label) as url:
+        for fmt in ("float", "base64"):
+            out[f"bulk_{fmt}"] = _bulk(url, client, texts, fmt, args.bulk_requests)
+        out["wrk64"] = _single(url, client, script, args.connections, args.duration)
+        out["wrk1"] = _single(url, client, script, 1, args.duration)
+    if _supports_processes(code) and args.processes > 1:
+        client.flushall()
+        with _stack(code, redis_url, folder / f"{label}-p", processes=args.processes) as url:
+            out[f"wrk64_processes_{args.processes}"] = _single(
+                url, client, script, args.connections, args.duration
+            )
+    return out
+
+
+def figures(result: dict) -> dict[str, float]:
+    """The goal table's rows, from one tree's measurements."""
+    rows = {
+        "bulk_us_per_input_base64": result["bulk_base64"]["us_per_input"],
+        "bulk_us_per_input_float": result["bulk_float"]["us_per_input"],
+        "bulk_redis_commands_per_input": result["bulk_base64"]["redis_commands_per_input"],
+        "wrk64_requests_per_s": result["wrk64"]["requests_per_s"],
+        "wrk64_p50_ms": result["wrk64"]["p50_ms"],
+        "wrk1_mean_ms": result["wrk1"].get("mean_ms", float("nan")),
+        "wrk1_redis_commands_per_request": result["wrk1"]["redis_commands_per_request"],
+    }
+    for key, value in result.items():
+        if key.startswith("wrk64_processes_"):
+            rows[f"{key}_requests_per_s"] = value["requests_per_s"]
+            rows[f"{key}_over_1"] = round(value["requests_per_s"] / rows["wrk64_requests_per_s"], 2)
+    return rows
+
+
+def report(results: dict[str, dict]) -> None:
+    labels = list(results)
+    table = {label: figures(r) for label, r in results.items()}
+    names = list(dict.fromkeys(k for t in table.values() for k in t))
+    print(f"{'figure':<44}" + "".join(f"{label:>14}" for label in labels) + "   goal   met")
+    for name in names:
+        values = [table[label].get(name) for label in labels]
+        cells = "".join(f"{v:>14.4g}" if v is not None else f"{'-':>14}" for v in values)
+        goal = GOALS.get(name)
+        verdict = ""
+        if goal and values[0] is not None:
+            op, target = goal
+            met = values[0] <= target if op == "<=" else values[0] >= target
+            ratio = values[0] / target
+            verdict = f"  {op}{target:g}  {'yes' if met else 'no'} ({ratio:.2f}x of goal)"
+        print(f"{name:<44}{cells}{verdict}")
+    if len(labels) == 2:
+        a, b = labels
+        print(f"\nratios {a} / {b}:")
+        for name in names:
+            x, y = table[a].get(name), table[b].get(name)
+            if x and y:
+                print(f"  {name:<42}{x / y:>8.2f}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, help="another checkout, measured the same way")
+    parser.add_argument("--bulk", type=int, default=1024, help="inputs per bulk request")
+    parser.add_argument("--bulk-requests", type=int, default=20)
+    parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
+    parser.add_argument("--processes", type=int, default=2, help="gateway processes to compare")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/queue_path.json"))
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    trees = {"this": ROOT}
+    if args.baseline is not None:
+        trees["baseline"] = args.baseline.resolve()
+    print(f"host: {host_cpu()}, {os.cpu_count()} cores")
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        folder = Path(tmp)
+        deployment = start_redis("single", stack, folder)
+        for label, code in trees.items():
+            (folder / label).mkdir()
+            (folder / f"{label}-p").mkdir()
+            results[label] = measure_tree(label, code, args, deployment.url, folder)
+            print(f"{label}: measured", flush=True)
+    report(results)
+    record = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": host_cpu(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "results": results,
+    }
+    args.out.write_text(json.dumps(record, indent=2))
+    print(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Bulk requests: a request's inputs travel in a few entries, tokenized a block at a time.
+
+Real redis-server, real gateway and worker processes, the real model. `max_entry_rows` is
+set small so a modest request spans several blocks, buckets and entries, and its rows are
+batched across entries (`max_batch_size` 3).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from common.settings import DEFAULT_MODEL
+from tests.conftest import Processes, RedisServer, queue_counts, wait_ready, wait_until
+from tests.integration.test_embeddings_pipeline import cosine, text_of, tokenizer
+
+ENTRY_ROWS = 4
+
+
+@pytest.fixture(scope="module")
+def bulk(redis_server: RedisServer, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    redis_server.flush()
+    procs = Processes(tmp_path_factory.mktemp("bulk"))
+    common = {"redis_url": redis_server.url, "max_batch_size": 3, "max_entry_rows": ENTRY_ROWS}
+    procs.start("worker", **common)
+    gateway = procs.start("gateway", **common)
+    wait_ready(gateway)
+    yield gateway.base_url, redis_server.url
+    procs.stop_all()
+
+
+def test_a_bulk_request_spread_over_entries_and_batches_keeps_input_order(
+    bulk: tuple[str, str], reference_model
+) -> None:
+    url, _ = bulk
+    rng = random.Random(5)
+    lengths = [rng.choice([6, 40, 150, 300]) for _ in range(23)]  # three buckets, six blocks
+    texts = [text_of(n, rng) for n in lengths]
+    response = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert [d["index"] for d in body["data"]] == list(range(len(texts)))
+    expected = reference_model.encode(texts, convert_to_numpy=True, normalize_embeddings=False)
+    for item, alone in zip(body["data"], expected, strict=True):
+        assert cosine(np.array(item["embedding"], np.float32), alone) >= 0.99999
+    assert body["usage"]["prompt_tokens"] == sum(len(tokenizer().encode(t).ids) for t in texts)
+    batches = response.headers["x-microbatch-batch-id"].split(",")
+    assert len(batches) >= len(texts) // 3  # batches of at most three rows
+
+
+@pytest.mark.parametrize(
+    ("bad", "status", "why"),
+    [("", 400, "input[17] is an empty string"), ("word " * 600, 413, "input[17] has")],
+)
+def test_a_bad_input_in_a_late_block_is_refused_by_its_index_and_nothing_is_left_queued(
+    bulk: tuple[str, str], bad: str, status: int, why: str
+) -> None:
+    url, redis_url = bulk
+    texts = [f"text number {i}" for i in range(20)]
+    texts[17] = bad  # in the fifth block: four blocks were queued before it was tokenized
+    response = httpx.post(f"{url}/v1/embeddings", json={"input": texts}, timeout=120)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert why in error["message"] and error["param"] == "input[17]"
+    # the entries queued before the bad block are cancelled or answered: none stay behind
+    wait_until(
+        lambda: queue_counts(redis_url, model=DEFAULT_MODEL),
+        30,
+        "the request streams drained",
+        until=lambda q: q == (0, 0),
+    )
