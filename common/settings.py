@@ -58,6 +58,8 @@ class Settings(BaseSettings):
     inline_tokenize_chars: int = Field(default=2048, ge=0)
     gateway_id: str | None = None
     reply_maxlen: int = Field(default=10_000, gt=0)
+    # Gateway processes on one port (SO_REUSEPORT), each its own event loop and reply stream.
+    processes: int = Field(default=1, ge=1)
 
     # Worker
     model: str = DEFAULT_MODEL
