@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     inline_tokenize_chars: int = Field(default=2048, ge=0)
     gateway_id: str | None = None
     reply_maxlen: int = Field(default=10_000, gt=0)
+    # Gateway processes on one port (SO_REUSEPORT), each its own event loop and reply stream.
+    processes: int = Field(default=1, ge=1)
 
     # Worker
     model: str = DEFAULT_MODEL
@@ -87,6 +89,8 @@ class Settings(BaseSettings):
     worker_stale_ms: int = Field(default=5000, gt=0)
     worker_id: str | None = None
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
+    # Where a worker writes PyTorch profiler traces of a few batches (worker/profiling.py).
+    profile_dir: str | None = None
     # Embedding batches computing at once, each on its share of the cores ("auto": one per
     # core up to 4 cores, else one per 4; 1 on a GPU, with ONNX, for generation and noop).
     compute_streams: int | Literal["auto"] = "auto"

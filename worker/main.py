@@ -19,6 +19,7 @@ from worker.compute_threads import ComputeThreads
 from worker.consumer import Consumer, RunningLoop
 from worker.intake import Intake
 from worker.loading import LoadedModel, load_model
+from worker.profiling import BatchProfiler
 from worker.recovery import EntryLimits
 
 log = logging.getLogger("microbatch.worker")
@@ -104,6 +105,7 @@ def build_consumer(
     )
     name = settings.process_id("worker")
     intake = Intake(settings, store, limits, name, lambda: register(store, settings, model))
+    profiler = batch_profiler(settings, name)
     loop: RunningLoop
     if model.kind == "causal-lm":
         from tokenizers import Tokenizer
@@ -111,12 +113,27 @@ def build_consumer(
         from worker.generate.loop import GenerationLoop
 
         tokenizer = Tokenizer.from_str(model.files.tokenizer_json)
-        loop = GenerationLoop(settings, intake, model.runner, tokenizer, compute)  # type: ignore[arg-type]
+        loop = GenerationLoop(
+            settings,
+            intake,
+            model.runner,  # type: ignore[arg-type]
+            tokenizer,
+            compute,
+            profiler=profiler,
+        )
     else:
         from worker.embed.loop import EmbedLoop
 
-        loop = EmbedLoop(settings, intake, model.runner, compute)  # type: ignore[arg-type]
+        loop = EmbedLoop(settings, intake, model.runner, compute, profiler=profiler)  # type: ignore[arg-type]
     return Consumer(intake, loop, compute)
+
+
+def batch_profiler(settings: Settings, name: str) -> BatchProfiler | None:
+    """Where `profile_dir` is set, what traces this worker's first batches after a warm-up."""
+    if settings.profile_dir is None:
+        return None
+    log.info("profiling a few batches into %s", settings.profile_dir)
+    return BatchProfiler(settings.profile_dir, name, device=settings.device)
 
 
 async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | None = None) -> None:

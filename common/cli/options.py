@@ -14,6 +14,9 @@ RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL; o
 Host = Annotated[str | None, typer.Option(help="Gateway bind address")]
 Port = Annotated[int | None, typer.Option(help="Gateway port")]
 Model = Annotated[str | None, typer.Option(help="Model name, local folder or cached hub id")]
+Processes = Annotated[
+    int | None, typer.Option(help="Gateway processes on one port (SO_REUSEPORT); default 1")
+]
 
 
 def _is_flag(field: str, rest: list[str]) -> bool:

@@ -9,17 +9,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
+import sys
+from collections.abc import Coroutine
 from typing import Any
 
 import typer
 
-from common.cli.options import EXTRA, Host, Model, Port, RedisUrl, settings_from_context
+from common.cli.options import (
+    EXTRA,
+    Host,
+    Model,
+    Port,
+    Processes,
+    RedisUrl,
+    settings_from_context,
+)
+from common.cli.processes import (
+    REFUSED,
+    START_FAILED,
+    Supervisor,
+    die_with_parent,
+    reuse_port_socket,
+)
 from common.logs import setup_logging
 from common.settings import Settings
 from common.tasks import spawn_supervised
 
 
-def _run(main: Any) -> None:
+def _run(main: Coroutine[Any, Any, int | None]) -> None:
+    code = _exit_code(main)
+    if code:
+        raise typer.Exit(code)
+
+
+def _exit_code(main: Coroutine[Any, Any, int | None]) -> int:
+    """Run `main` on uvloop where installed; the exit code it returns (None: 0)."""
     from common.store import StoreRefused
 
     try:
@@ -29,10 +54,10 @@ def _run(main: Any) -> None:
     else:
         runner = uvloop.run
     try:
-        runner(main)
+        return runner(main) or 0
     except StoreRefused as exc:
         typer.echo(f"microbatch: {exc}", err=True)
-        raise typer.Exit(2) from None
+        return REFUSED
 
 
 def _stop_on_signals(on_stop: Any) -> None:
@@ -71,10 +96,22 @@ def serve(
     host: Host = None,
     port: Port = None,
     model: Model = None,
+    processes: Processes = None,
 ) -> None:
     """Gateway and one worker in one process; embedded store unless --redis-url."""
-    settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port, model=model)
+    settings = settings_from_context(
+        ctx, redis_url=redis_url, host=host, port=port, model=model, processes=processes
+    )
+    if settings.processes > 1 and settings.embedded:
+        raise typer.BadParameter(
+            "serve --processes needs --redis-url (or MICROBATCH_REDIS_URL): the embedded "
+            "store lives in one process, and gateway processes must share it"
+        )
     setup_logging(settings.log_level, settings.log_format)
+    if settings.processes > 1:
+        _worker_health(settings)  # the worker's metrics: no gateway runs in this process
+        _run(_serve_processes(settings))
+        return
 
     async def main() -> None:
         from common.store import check_access, close_store, open_store
@@ -102,29 +139,87 @@ def serve(
     _run(main())
 
 
+async def _serve_processes(settings: Settings) -> int:
+    """`serve --processes N`: the gateways in N children, the one worker here; on a signal
+    the gateways drain first, then the worker (their in-flight requests need it)."""
+    from common.store import check_access, close_store, open_store
+    from worker.main import run_worker
+
+    store = open_store(settings)
+    await check_access(store)
+    gateways = Supervisor(_gateway_process, settings)
+    _stop_on_signals(gateways.stop)
+    worker_stop = asyncio.Event()
+    worker = spawn_supervised(
+        "worker", run_worker(settings, worker_stop, store), lambda exc: gateways.stop()
+    )
+    try:
+        return await gateways.run()
+    finally:
+        worker_stop.set()
+        await worker
+        await close_store(store)
+
+
 def gateway(
-    ctx: typer.Context, redis_url: RedisUrl = None, host: Host = None, port: Port = None
+    ctx: typer.Context,
+    redis_url: RedisUrl = None,
+    host: Host = None,
+    port: Port = None,
+    processes: Processes = None,
 ) -> None:
     """The HTTP gateway only (needs --redis-url)."""
-    settings = settings_from_context(ctx, redis_url=redis_url, host=host, port=port)
+    settings = settings_from_context(
+        ctx, redis_url=redis_url, host=host, port=port, processes=processes
+    )
     if settings.embedded:
         raise typer.BadParameter("gateway needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level, settings.log_format)
+    if settings.processes > 1:
+        _run(_supervise_gateways(settings))
+    else:
+        _run(_serve_gateway(settings))
 
-    async def main() -> None:
-        from common.store import check_access, close_store, open_store
-        from gateway.app import create_app
 
-        store = open_store(settings)
+async def _supervise_gateways(settings: Settings) -> int:
+    from common.store import check_access, close_store, open_store
+
+    store = open_store(settings)  # refused credentials: one message, before any child starts
+    try:
         await check_access(store)
-        server = _uvicorn_server(settings, create_app(settings, store))
-        _stop_on_signals(lambda: setattr(server, "should_exit", True))
-        try:
-            await server.serve()
-        finally:
-            await close_store(store)
+    finally:
+        await close_store(store)
+    gateways = Supervisor(_gateway_process, settings)
+    _stop_on_signals(gateways.stop)
+    return await gateways.run()
 
-    _run(main())
+
+async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """One gateway on this event loop, until a signal; on `sockets` if given, else it binds."""
+    from common.store import check_access, close_store, open_store
+    from gateway.app import create_app
+
+    store = open_store(settings)
+    await check_access(store)
+    server = _uvicorn_server(settings, create_app(settings, store))
+    _stop_on_signals(lambda: setattr(server, "should_exit", True))
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        await close_store(store)
+
+
+def _gateway_process(settings: Settings, parent_pid: int) -> None:
+    """A child of `--processes N` (spawned, so importable by name): one gateway on its own
+    SO_REUSEPORT socket on the shared port."""
+    die_with_parent(parent_pid)
+    setup_logging(settings.log_level, settings.log_format)
+    try:
+        sock = reuse_port_socket(settings.host, settings.port, listen=True)
+    except OSError as exc:
+        typer.echo(f"microbatch: cannot listen on {settings.host}:{settings.port}: {exc}", err=True)
+        sys.exit(START_FAILED)
+    sys.exit(_exit_code(_serve_gateway(settings, [sock])))
 
 
 def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) -> None:
@@ -133,12 +228,7 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     if settings.embedded:
         raise typer.BadParameter("worker needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level, settings.log_format)
-
-    if settings.metrics_port is not None:
-        from worker import health
-
-        stale_after_s = health.stale_after_s(settings.heartbeat_interval_ms)
-        health.serve(settings.metrics_port, settings.host, stale_after_s)
+    _worker_health(settings)
 
     async def main() -> None:
         from worker.main import run_worker
@@ -148,6 +238,15 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
         await run_worker(settings, stop)
 
     _run(main())
+
+
+def _worker_health(settings: Settings) -> None:
+    """The worker's /metrics and /healthz on `metrics_port`, where one is set."""
+    if settings.metrics_port is not None:
+        from worker import health
+
+        stale_after_s = health.stale_after_s(settings.heartbeat_interval_ms)
+        health.serve(settings.metrics_port, settings.host, stale_after_s)
 
 
 def register(app: typer.Typer) -> None:

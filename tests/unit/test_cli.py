@@ -50,3 +50,9 @@ def test_an_invalid_setting_value_is_refused_at_start() -> None:
     )
     assert result.exit_code != 0
     assert "max_batch_size" in result.output
+
+
+def test_serve_refuses_several_gateway_processes_over_the_embedded_store() -> None:
+    result = CliRunner().invoke(app, ["serve", "--processes", "2"])
+    assert result.exit_code != 0
+    assert "needs --redis-url" in result.output

@@ -87,3 +87,24 @@ def test_a_yes_no_setting_given_alone_on_the_command_line_is_switched_on() -> No
     assert parsed("--redis-cluster").redis_cluster
     assert parsed("--redis-cluster", "--max-batch-size", "4").redis_cluster
     assert not parsed("--redis-cluster", "false").redis_cluster
+
+
+def test_gateway_processes_default_to_one_and_must_be_at_least_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings(_env_file=None).processes == 1
+    monkeypatch.setenv("MICROBATCH_PROCESSES", "4")
+    assert Settings().processes == 4
+    with pytest.raises(ValidationError, match="processes"):
+        Settings(processes=0)
+
+
+def test_each_gateway_process_gets_its_own_gateway_id_and_the_resolved_port() -> None:
+    from common.cli.processes import child_settings
+
+    given = Settings(redis_url="redis://h:1/0", processes=3, gateway_id="edge", port=0)
+    children = [child_settings(given, i, 8123) for i in range(3)]
+    assert [c.gateway_id for c in children] == ["edge-0", "edge-1", "edge-2"]
+    assert {(c.port, c.processes) for c in children} == {(8123, 1)}
+    # unset, each process names itself host + its own pid
+    assert child_settings(Settings(processes=2), 0, 8123).gateway_id is None

@@ -13,6 +13,7 @@ an entry whose rows are all computed is answered and acknowledged by the intake.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -29,6 +30,7 @@ from worker.embed.parallelism import Parallelism
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
 from worker.intake import Held, Intake, wall_ms
+from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
 
 log = logging.getLogger("microbatch.worker")
@@ -45,10 +47,12 @@ class EmbedLoop:
         runner: Runner,
         compute: ComputeThreads,
         clock: Callable[[], float] = time.monotonic,
+        profiler: BatchProfiler | None = None,
     ) -> None:
         self._settings = settings
         self._intake = intake
         self._runner = runner
+        self._profiler = profiler
         self._clock = clock
         self._model = intake.model
         self._limits = Limits.from_settings(settings)
@@ -241,9 +245,11 @@ class EmbedLoop:
         start_ms = wall_ms()
         t0 = time.perf_counter()
         rows = [a.rows[i] for a, i in members]
-        results = await asyncio.wrap_future(
-            self._compute.submit(stream, self._runner.embed, rows, threads=threads)
-        )
+        work = functools.partial(self._runner.embed, rows, threads=threads)
+        if self._profiler is not None and not self._profiler.finished:
+            profiled = _profile_facts(batch, members, start_ms, threads)
+            work = functools.partial(self._profiler.run, "embed", profiled, work)
+        results = await asyncio.wrap_future(self._compute.submit(stream, work))
         compute_s = time.perf_counter() - t0
         self._observe(batch, members, compute_s, start_ms, threads)
         facts = BatchFacts(
@@ -299,3 +305,22 @@ class EmbedLoop:
         """Wait for every batch still computing."""
         while self._computing:
             await asyncio.gather(*list(self._computing), return_exceptions=True)
+
+
+def _profile_facts(
+    batch: Batch, members: list[Row], start_ms: int, threads: int
+) -> dict[str, object]:
+    """What a profiled batch's trace says about it: its padding and its rows' queueing."""
+    waits_ms = [max(0, start_ms - a.entry.enqueued_ms) for a, _ in members]
+    return {
+        "bucket": batch.bucket,
+        "rows": len(members),
+        "longest": batch.padded_tokens // len(members),
+        "real_tokens": batch.real_tokens,
+        "padded_tokens": batch.padded_tokens,
+        "padding_ratio": round(1 - batch.real_tokens / batch.padded_tokens, 4),
+        "trigger": batch.trigger,
+        "threads": threads,
+        "queue_wait_ms_max": max(waits_ms),
+        "queue_wait_ms_mean": round(sum(waits_ms) / len(waits_ms), 1),
+    }

@@ -11,6 +11,7 @@ intake's, exactly as for embeddings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -27,6 +28,7 @@ from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
 from worker.generate.structure import Constraint, Grammars
 from worker.intake import Held, Intake, wall_ms
+from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
 
 log = logging.getLogger("microbatch.worker")
@@ -42,10 +44,12 @@ class GenerationLoop:
         tokenizer: object,  # tokenizers.Tokenizer: decode(ids, skip_special_tokens)
         compute: ComputeThreads,
         clock: Callable[[], float] = time.monotonic,
+        profiler: BatchProfiler | None = None,
     ) -> None:
         self._settings = settings
         self._intake = intake
         self._engine = engine
+        self._profiler = profiler
         self._tokenizer = tokenizer
         self._executor = compute.first
         self._clock = clock
@@ -205,6 +209,13 @@ class GenerationLoop:
             self._engine.retire(retire)
             return self._engine.step(newcomers, budgets)
 
+        if self._profiler is not None and not self._profiler.finished:
+            facts = {
+                "running": len(self._running),
+                "newcomers": len(newcomers),
+                "prefill_tokens": prefilled,
+            }
+            work = functools.partial(self._profiler.run, "generate", facts, work)
         self._step_started_s = self._clock()
         try:
             new_tokens = await loop.run_in_executor(self._executor, work)
