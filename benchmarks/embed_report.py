@@ -88,7 +88,7 @@ def setup(cfg: Any, workloads: dict[str, Workload]) -> dict:
         "device": cfg.device,
         "accelerator": _accelerator(cfg.device),
         "torch_threads": torch.get_num_threads(),
-        "worker_parallelism": _parallelism(),
+        "worker_parallelism": _parallelism(cfg.device),
         "wrk": _version([shutil.which("wrk") or "wrk", "-v"]),
         "infinity_emb": _version([str(infinity), "-c", version]) if infinity.is_file() else None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.items()},
@@ -173,10 +173,10 @@ def ratios(results: dict) -> list[dict]:
     return out
 
 
-def _parallelism() -> str:
+def _parallelism(device: str = "cpu") -> str:
     from benchmarks.embed_offline import worker_parallelism
 
-    p = worker_parallelism()
+    p = worker_parallelism(device)
     lone = f", a lone batch on {p.cores}" if p.adaptive else ""
     return f"{p.streams} stream(s) × {p.threads_per_stream} thread(s){lone}"
 
