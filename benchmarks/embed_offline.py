@@ -41,25 +41,26 @@ class Loaded:
     compute: ComputeThreads  # the worker's own thread discipline: see compute_threads
 
 
-def load_runner(backend: str = "torch") -> Loaded:
-    """The default model as a worker with `backend` loads it (float32, CPU, on its stream-0
-    thread), so the offline arms and the servers compute with the same engine."""
+def load_runner(backend: str = "torch", device: str = "cpu") -> Loaded:
+    """The default model as a worker with `backend` on `device` loads it (float32, on its
+    stream-0 thread), so the offline arms and the servers compute with the same engine."""
     from common.settings import Settings
     from worker.loading import encoder_runner
     from worker.models import describe
 
     compute = ComputeThreads()
-    compute.ensure(worker_parallelism().streams)
+    compute.ensure(worker_parallelism(device).streams)
     files = describe(MODEL_NAME)
-    make = partial(encoder_runner, Settings(backend=backend), files)
+    make = partial(encoder_runner, Settings(backend=backend, device=device), files)
     return Loaded(compute.first.submit(make).result(), compute)
 
 
-def worker_parallelism() -> Parallelism:
-    """What a worker with default settings chooses on this machine."""
+def worker_parallelism(device: str = "cpu") -> Parallelism:
+    """What a worker with default settings on `device` chooses on this machine (one stream
+    on a GPU)."""
     from common.settings import Settings
 
-    return Parallelism.from_settings(Settings(), concurrent_ok=True)
+    return Parallelism.from_settings(Settings(device=device), concurrent_ok=True)
 
 
 def _cut(order: Sequence[int], fits: Callable[[list[int]], bool]) -> Plan:
@@ -121,9 +122,15 @@ def single_plan(tokens: Sequence[int]) -> Plan:
 
 
 def run_plan(
-    loaded: Loaded, workload: Workload, plan: Plan, parallel: Parallelism | None = None
+    loaded: Loaded,
+    workload: Workload,
+    plan: Plan,
+    parallel: Parallelism | None = None,
+    warm_passes: int = 0,
 ) -> OfflineRun:
-    """Time every batch of the plan once, after one untimed warm-up forward of its largest.
+    """Time every batch of the plan once, after one untimed warm-up forward of its largest
+    and `warm_passes` untimed passes over the whole plan (a GPU compiles and tunes kernels
+    per shape on first sight: timed cold, the limit would count that).
 
     With `parallel` (the worker's own choice for this machine), batches run as the worker
     runs them under load: `streams` at once, each on `threads_per_stream` threads, on the
@@ -137,7 +144,7 @@ def run_plan(
     # (the order is free offline; with one stream it changes nothing).
     order = sorted(range(len(plan)), key=lambda k: padded(plan[k], tokens), reverse=True)
     seconds = [0.0] * len(plan)
-    pending = list(reversed(order))
+    pending: list[int] = []
     lock = threading.Lock()
 
     def lane() -> None:
@@ -156,9 +163,11 @@ def run_plan(
     streams = range(parallel.streams)
     for f in [loaded.compute.submit(s, warm) for s in streams]:
         f.result()
-    started = time.perf_counter()
-    for f in [loaded.compute.submit(s, lane) for s in streams]:
-        f.result()
+    for _ in range(warm_passes + 1):  # the last pass is the timed one
+        pending[:] = reversed(order)
+        started = time.perf_counter()
+        for f in [loaded.compute.submit(s, lane) for s in streams]:
+            f.result()
     elapsed = time.perf_counter() - started
     texts = sum(len(b) for b in plan)
     real = sum(tokens[i] for b in plan for i in b)
@@ -172,6 +181,7 @@ def run_plan(
             "batch_ms_p50": statistics.median(seconds) * 1000,
             "streams": parallel.streams,
             "threads_per_stream": threads,
+            "warm_passes": warm_passes,
         },
         batch_seconds=seconds,
     )

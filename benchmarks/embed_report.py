@@ -85,8 +85,10 @@ def setup(cfg: Any, workloads: dict[str, Workload]) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or None},
         "torch": torch.__version__,
+        "device": cfg.device,
+        "accelerator": _accelerator(cfg.device),
         "torch_threads": torch.get_num_threads(),
-        "worker_parallelism": _parallelism(),
+        "worker_parallelism": _parallelism(cfg.device),
         "wrk": _version([shutil.which("wrk") or "wrk", "-v"]),
         "infinity_emb": _version([str(infinity), "-c", version]) if infinity.is_file() else None,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in config.items()},
@@ -171,9 +173,66 @@ def ratios(results: dict) -> list[dict]:
     return out
 
 
-def _parallelism() -> str:
+def _parallelism(device: str = "cpu") -> str:
     from benchmarks.embed_offline import worker_parallelism
 
-    p = worker_parallelism()
+    p = worker_parallelism(device)
     lone = f", a lone batch on {p.cores}" if p.adaptive else ""
     return f"{p.streams} stream(s) × {p.threads_per_stream} thread(s){lone}"
+
+
+def _accelerator(device: str) -> str | None:
+    """The device's name as torch reports it (None on the CPU)."""
+    import torch
+
+    if device == "cpu":
+        return None
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return device
+
+
+SHARE_LOADS = (("c32", "32 clients"), ("open", "open loop"))
+
+
+def served_share(results: dict) -> list[dict]:
+    """Each microbatch server arm's texts/s over the offline arms' (the device's own
+    throughput through the worker's runner): the share of the device the served path uses."""
+    out = []
+    for arm in MICROBATCH:
+        for mix in results["setup"]["workloads"]:
+            for load, load_name in SHARE_LOADS:
+                served = figure(results, arm, mix, load, "texts_per_s")
+                for reference in ("offline-limit", "offline-ceiling"):
+                    offline = figure(results, reference, mix, "offline", "texts_per_s")
+                    if served is None or not offline:
+                        continue
+                    out.append(
+                        {
+                            "arm": arm,
+                            "mix": mix,
+                            "load": load_name,
+                            "reference": reference,
+                            "served_texts_per_s": served,
+                            "offline_texts_per_s": offline,
+                            "share": served / offline,
+                        }
+                    )
+    return out
+
+
+def served_share_text(results: dict) -> str:
+    """The shares as the run's last lines, with the device they were measured on."""
+    s = results["setup"]
+    device = s.get("device", "cpu")
+    where = "the CPU" if device == "cpu" else f"{s.get('accelerator') or device}, `{device}`"
+    lines = [f"\nServed share of the device's offline throughput (on {where}):"]
+    for r in results.get("served_share", []):
+        lines.append(
+            f"  SHARE {r['arm']:<6}{r['mix']:<7}{r['load']:<11} / {r['reference']:<16}"
+            f"{r['served_texts_per_s']:>9.1f} / {r['offline_texts_per_s']:>9.1f} texts/s"
+            f" = {r['share']:.3f}"
+        )
+    if len(lines) == 1:
+        lines.append("  (none: a microbatch server arm and an offline arm must both run)")
+    return "\n".join(lines)

@@ -3,7 +3,8 @@
 - microbatch embedded: `microbatch serve` with no Redis URL (gateway and worker in one process);
 - microbatch with Redis: redis-server on a free port (as tests/conftest.py starts it), one
   `microbatch worker` (its /metrics on a port of its own) and one `microbatch gateway`;
-- infinity-emb: `infinity_emb v2` from its own virtual environment, torch engine on the CPU,
+- infinity-emb: `infinity_emb v2` from its own virtual environment, torch engine on the CPU
+  (or the benchmark's `--device`),
   serving the same local model folder. Its cut is sentence-transformers' `max_seq_length`
   (256 in the model's `sentence_bert_config.json`); for 512 it serves a copy of the folder
   (links to the same files) whose config says 512.
@@ -106,8 +107,11 @@ def model_with_cut(source: Path, cut: int, folder: Path) -> Path:
 
 
 @contextmanager
-def infinity(arm: str, tmp: Path, venv: Path, model: Path, cut: int | None) -> Iterator[Server]:
-    """infinity-emb's own server on the torch engine; `cut` None keeps the model's own cut."""
+def infinity(
+    arm: str, tmp: Path, venv: Path, model: Path, cut: int | None, device: str = "cpu"
+) -> Iterator[Server]:
+    """infinity-emb's own server on the torch engine on `device` (its --device takes cpu or
+    cuda); `cut` None keeps the model's own cut."""
     binary = venv / "bin" / "infinity_emb"
     if not binary.is_file():
         raise ArmUnavailable(
@@ -116,7 +120,8 @@ def infinity(arm: str, tmp: Path, venv: Path, model: Path, cut: int | None) -> I
     folder = model_with_cut(model, cut, tmp / f"model-cut-{cut}") if cut else model
     port = free_port()
     args = [str(binary), "v2", "--model-id", str(folder), "--served-model-name", MODEL_NAME]
-    args += ["--engine", "torch", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--engine", "torch", "--device", device.split(":")[0]]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
     args += ["--url-prefix", "/v1", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}
     env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/embeddings.py                 # everything, ~45 min on 2 cores
     .venv/bin/python benchmarks/embeddings.py --quick         # every arm, ~4 min
     .venv/bin/python benchmarks/embeddings.py --quick --arms serve,offline-single --mixes short
+    .venv/bin/python benchmarks/embeddings.py --device cuda --arms offline-limit,serve --repeat 1
 
 Needs wrk and redis-server (`apt-get install -y wrk redis-server`) and, for the infinity arms,
 infinity-emb in a virtual environment of its own (torch first, so pip takes the CPU build from
@@ -33,6 +34,15 @@ every arm sees one sample. The arms (`--arms`, default all):
   serve-bs1        `microbatch serve --max-batch-size 1`
   infinity-512     infinity-emb (own venv, .bench/infinity-venv), torch engine, cut at 512
   infinity-256     the same at its default cut, 256
+
+`--device cuda` runs the microbatch servers' worker (`MICROBATCH_DEVICE`) and the offline arms
+on that device, one compute stream as a worker there has, with `--warm-passes` (1 off the CPU)
+untimed passes over each offline plan first, so the offline figures leave out the per-shape
+kernel compilation and tuning a GPU does on first sight; infinity-emb is given the same device.
+`--max-batch-size` sets the servers' max_batch_size and the offline arms' cap together. A GPU
+computes in a blink what a CPU takes seconds for: give it more `--texts`, longer loads and
+more `--loadgen-procs`. The run ends by printing each microbatch arm's share of the offline
+limit and ceiling: the share of the device's own throughput the served path reaches.
 
 Each server arm is loaded by a closed loop at 1 and 32 clients (wrk) and an open-loop Poisson
 run (`--loads`) offered `--open-factor` x the offline limit, so it saturates. Printed, and
@@ -110,6 +120,9 @@ class Config:
     out_dir: Path
     quick: bool
     backend: str = "torch"  # microbatch's engine, in its servers and its offline arms alike
+    device: str = "cpu"  # where microbatch's worker and the offline arms compute
+    max_batch_size: int | None = None  # the servers' max_batch_size; None: the worker's default
+    warm_passes: int = 0  # untimed passes over each offline plan before the timed one
 
 
 def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> None:
@@ -119,7 +132,7 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
         wanted = sorted(set(wanted) | {"offline-limit"}, key=OFFLINE_ARMS.index)
     if not wanted:
         return
-    loaded = offline.load_runner(cfg.backend)
+    loaded = offline.load_runner(cfg.backend, cfg.device)
     for mix, workload in workloads.items():
         tokens = workload.tokens
         # The limit is the best of a few padded-token caps per batch: on one thread per
@@ -141,11 +154,11 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
         }
         for arm in wanted:
             # throughput arms run as the worker does under load; single as a lone batch
-            parallel = None if arm == "offline-single" else offline.worker_parallelism()
+            parallel = None if arm == "offline-single" else offline.worker_parallelism(cfg.device)
             best: tuple[dict, list] | None = None
             arm_caps = caps if arm == "offline-limit" else [None]
             for plan, cap in zip(plans[arm], arm_caps, strict=True):
-                measured = offline.run_plan(loaded, workload, plan, parallel)
+                measured = offline.run_plan(loaded, workload, plan, parallel, cfg.warm_passes)
                 figures = dict(measured.figures)
                 if cap is not None:
                     figures["batch_token_cap"] = cap
@@ -227,17 +240,28 @@ def measure(
     return figures
 
 
+def server_settings(cfg: Config) -> dict[str, object]:
+    """The microbatch servers' settings this run sets (the rest are the worker's defaults)."""
+    settings: dict[str, object] = {"backend": cfg.backend}
+    if cfg.device != "cpu":
+        settings["device"] = cfg.device
+    if cfg.max_batch_size is not None:
+        settings["max_batch_size"] = cfg.max_batch_size
+    return settings
+
+
 def start_server(arm: str, tmp: Path, cfg: Config) -> AbstractContextManager[Server]:
     from worker.models import default_model_path
 
+    settings = server_settings(cfg)
     if arm == "serve":
-        return microbatch_serve(arm, tmp, backend=cfg.backend)
+        return microbatch_serve(arm, tmp, **settings)
     if arm == "serve-bs1":
-        return microbatch_serve(arm, tmp, max_batch_size=1, backend=cfg.backend)
+        return microbatch_serve(arm, tmp, **{**settings, "max_batch_size": 1})
     if arm == "redis":
-        return microbatch_redis(arm, tmp, backend=cfg.backend)
+        return microbatch_redis(arm, tmp, **settings)
     cut = 512 if arm == "infinity-512" else None
-    return infinity(arm, tmp, cfg.infinity_venv, default_model_path(), cut)
+    return infinity(arm, tmp, cfg.infinity_venv, default_model_path(), cut, cfg.device)
 
 
 def open_rate(cfg: Config, results: dict, mix: str) -> float:
@@ -326,6 +350,7 @@ def run(cfg: Config) -> dict:
     results["arms"] = median_of(rounds)
     results["foreign_cpu"] = {arm: max(shares) for arm, shares in foreign.items()}
     results["ratios"] = report.ratios(results)
+    results["served_share"] = report.served_share(results)
     return results
 
 
@@ -341,7 +366,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--c1-duration", type=int, help="seconds per 1-client run (10; quick 3)")
     p.add_argument("--warmup", type=int, help="seconds of warm-up per server and mix (5; quick 2)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--offline-batch", type=int, default=16)
+    p.add_argument("--offline-batch", type=int, default=16, help="offline arms' batch cap (16)")
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        help="the servers' max_batch_size and the offline arms' cap (overrides --offline-batch)",
+    )
     p.add_argument("--max-batch-tokens", type=int, default=16_384)
     p.add_argument("--open-factor", type=float, default=1.2, help="open-loop rate / offline limit")
     p.add_argument("--open-rate", type=float, help="open-loop texts/s, instead of the factor")
@@ -354,6 +384,16 @@ def _parser() -> argparse.ArgumentParser:
         choices=["torch", "onnx", "auto"],
         default="torch",
         help="microbatch's engine, for its servers and the offline arms alike",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="where microbatch's worker and the offline arms compute: cpu, cuda, cuda:1, ...",
+    )
+    p.add_argument(
+        "--warm-passes",
+        type=int,
+        help="untimed passes over each offline plan before the timed one (0; 1 off the CPU)",
     )
     return p
 
@@ -376,6 +416,10 @@ def parse_args(argv: list[str] | None = None) -> Config:
         unknown = [c for c in chosen if c not in known]
         if unknown:
             p.error(f"unknown {name} {unknown}; choose from {', '.join(known)}")
+    if a.device != "cpu" and a.backend != "torch":
+        p.error(f"--backend {a.backend} runs on the CPU; --device {a.device} needs --backend torch")
+    if a.max_batch_size is not None and a.max_batch_size < 1:
+        p.error("--max-batch-size must be at least 1")
     return Config(
         arms=arms,
         mixes=mixes,
@@ -386,7 +430,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         warmup_s=pick(a.warmup, 5, 2),
         repeat=pick(a.repeat, 3, 1),
         seed=a.seed,
-        offline_batch=a.offline_batch,
+        offline_batch=a.max_batch_size or a.offline_batch,
         max_batch_tokens=a.max_batch_tokens,
         open_factor=a.open_factor,
         open_rate=a.open_rate,
@@ -396,6 +440,9 @@ def parse_args(argv: list[str] | None = None) -> Config:
         out_dir=a.out_dir or (ROOT / (".bench/embeddings-quick" if q else "docs")),
         quick=q,
         backend=a.backend,
+        device=a.device,
+        max_batch_size=a.max_batch_size,
+        warm_passes=a.warm_passes if a.warm_passes is not None else int(a.device != "cpu"),
     )
 
 
@@ -403,6 +450,7 @@ def main() -> None:
     cfg = parse_args()
     results = run(cfg)
     docs.write(results, cfg.out_dir, " ".join(sys.argv[1:]))
+    print(report.served_share_text(results), flush=True)
 
 
 if __name__ == "__main__":
