@@ -77,6 +77,8 @@ class RequestEntry(_Tokens):
 
     def rows(self) -> list[np.ndarray]:
         """Each row's token ids, as views of `tokens`."""
+        if len(self.lengths) == 4:
+            return [self.token_ids()]
         ends = np.cumsum(self.row_lengths())
         return np.split(self.token_ids(), ends[:-1])
 

@@ -46,57 +46,63 @@ async def run_rows(
     queued block by block, as they are made."""
     services, model = parsed.services, parsed.model
     timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
-    blocks = rows if isinstance(rows, RowBlocks) else RowBlocks(len(rows), _one(rows))
-    admit_or_refuse(services, model, blocks.count, timeout_ms)
-    groups: list[list[int]] = []  # each entry's rows, as indices into the request's rows
-    parts = _entries(request, call, parsed, blocks.blocks, timeout_ms, groups)
-    first = await anext(parts)
-    replies: list[EmbeddingResult] = await submit(services, request, first, more=parts)  # type: ignore[assignment]
+    count = rows.count if isinstance(rows, RowBlocks) else len(rows)
+    admit_or_refuse(services, model, count, timeout_ms)
+    parts = _Parts(request, call, parsed, timeout_ms)
+    if isinstance(rows, RowBlocks):
+        first = parts.of(await anext(rows.blocks))
+        more = parts.each(rows.blocks)
+    else:
+        first, more = parts.of(rows), None
+    replies: list[EmbeddingResult] = await submit(services, request, first, more=more)  # type: ignore[assignment]
     tokens = sum(r.n_tokens for r in replies)
-    return Answered(_in_order(replies, groups, blocks.count), tokens, replies)
+    return Answered(_in_order(replies, parts.groups, count), tokens, replies)
 
 
-async def _one(rows: list[np.ndarray]) -> AsyncIterator[list[np.ndarray]]:
-    yield rows
+class _Parts:
+    """A request's entries, a block of rows at a time: each block's rows grouped by bucket,
+    at most `max_entry_rows` to an entry; `groups` keeps each entry's rows' places."""
 
+    def __init__(self, request: Request, call: Call, parsed: Parsed, timeout_ms: int) -> None:
+        self._services, self._name = parsed.services, parsed.model.info.name
+        self._request_id = call.request_id or ""
+        start_ms = now_ms()
+        self._start_ms, self._deadline_ms = start_ms, start_ms + timeout_ms
+        self._timeout_ms = timeout_ms
+        self._base, self._priority = self._services.next_id(), priority_of(request)
+        self.groups: list[list[int]] = []
+        self._offset = 0
 
-async def _entries(
-    request: Request,
-    call: Call,
-    parsed: Parsed,
-    blocks: AsyncIterator[list[np.ndarray]],
-    timeout_ms: int,
-    groups: list[list[int]],
-) -> AsyncIterator[Entries]:
-    """Each block's entries: its rows grouped by bucket, at most `max_entry_rows` each."""
-    services, settings, name = parsed.services, parsed.services.settings, parsed.model.info.name
-    start_ms, base, priority = now_ms(), services.next_id(), priority_of(request)
-    offset = 0
-    async for block in blocks:
+    def of(self, block: list[np.ndarray]) -> Entries:
+        services, name, settings = self._services, self._name, self._services.settings
         items, ids, sizes = [], [], []
         for indices in parts([len(r) for r in block], settings.buckets, settings.max_entry_rows):
             members = [block[i] for i in indices]
             tokens, lengths = pack_rows(members)
             entry = RequestEntry(
-                id=f"{base}.{len(groups)}",
-                request_id=call.request_id or "",
+                id=f"{self._base}.{len(self.groups)}",
+                request_id=self._request_id,
                 model=name,
                 kind="embed",
                 tokens=tokens,
                 lengths=lengths,
-                deadline_ms=start_ms + timeout_ms,
-                priority=priority,
+                deadline_ms=self._deadline_ms,
+                priority=self._priority,
                 reply_to=services.router.stream,
-                enqueued_ms=start_ms,
+                enqueued_ms=self._start_ms,
             )
             longest = max(len(r) for r in members)
             items.append((services.request_stream(name, longest), encode(entry)))
             ids.append(entry.id)
             sizes.append(len(indices))
-            groups.append([offset + i for i in indices])
+            self.groups.append([self._offset + i for i in indices])
         services.entry_rows.observe(name, len(block), len(ids))
-        offset += len(block)
-        yield Entries(name, items, ids, start_ms + timeout_ms, timeout_ms, sizes)
+        self._offset += len(block)
+        return Entries(name, items, ids, self._deadline_ms, self._timeout_ms, sizes)
+
+    async def each(self, blocks: AsyncIterator[list[np.ndarray]]) -> AsyncIterator[Entries]:
+        async for block in blocks:
+            yield self.of(block)
 
 
 def _in_order(replies: list[EmbeddingResult], groups: list[list[int]], n: int) -> np.ndarray:
