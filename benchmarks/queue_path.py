@@ -15,7 +15,9 @@ side in the same run) it measures:
   INFO calls themselves left out);
 - wrk, single-input requests, `--connections` (64) for `--duration` s: requests/s and p50;
 - wrk, one connection: the mean round trip, and Redis commands per request;
-- `--processes 2` against 1 (where the tree has the option): wrk at 64 connections.
+- `--processes 2` against 1 (where the tree has the option): wrk at 64 connections;
+- during the 64-connection run, CPU microseconds per request of the gateway, the worker and
+  redis-server (/proc and INFO cpu): where a single-input request's cost goes.
 
 Each figure is printed with its goal and the ratio to it; `--out` keeps the JSON.
 """
@@ -44,7 +46,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.batching import env_with, free_port, parse_wrk
-from benchmarks.fleet import host_cpu, need, poll, start_redis
+from benchmarks.fleet import cpu_seconds, host_cpu, need, poll, start_redis
 from benchmarks.redis_cost import wrk_script
 from common.cli import loadgen
 
@@ -102,21 +104,28 @@ def _ready(url: str) -> bool:
     return False
 
 
+def _group(pgid: int) -> list[int]:
+    """The processes of a process group (a gateway and its `--processes` children)."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
 @contextmanager
 def _stack(code: Path, redis_url: str, folder: Path, processes: int = 1):
-    """One worker and one gateway (of `processes` processes) of the noop model; its URL."""
+    """One worker and one gateway (of `processes` processes) of the noop model: its URL, and
+    the pids of each role (for CPU per request)."""
     common = {"model": MODEL, "redis_url": redis_url, "max_queue_depth": 100_000}
     port = free_port()
     with ExitStack() as stack:
-        stack.enter_context(
+        worker = stack.enter_context(
             _process(code, ["worker"], env_with(worker_id="w0", **common), folder / "w0.log")
         )
         extra = {"processes": processes} if processes > 1 else {}
         env = env_with(port=port, gateway_id="gw", **common, **extra)
-        stack.enter_context(_process(code, ["gateway"], env, folder / f"gw-{port}.log"))
+        gateway = stack.enter_context(_process(code, ["gateway"], env, folder / f"gw-{port}.log"))
         url = f"http://127.0.0.1:{port}"
         poll(lambda: _ready(url), 120, f"gateway on {port} with a live worker")
-        yield url
+        yield url, {"gateway": _group(gateway.pid), "worker": [worker.pid]}
 
 
 def _bulk(url: str, client: redis.Redis, texts: list[str], fmt: str, n: int) -> dict:
@@ -162,14 +171,33 @@ def _wrk(url: str, script: Path, connections: int, duration_s: float) -> dict:
     return parsed
 
 
-def _single(url: str, client: redis.Redis, script: Path, connections: int, s: float) -> dict:
+def _single(
+    url: str, client: redis.Redis, script: Path, connections: int, s: float, pids: dict
+) -> dict:
+    """wrk, single-input requests: its figures, Redis commands and each role's CPU (and
+    Redis's own) in microseconds per request."""
     _wrk(url, script, connections, 1.0)  # warm-up
     before = _commands(client)
+    cpu_before = {role: cpu_seconds(p) for role, p in pids.items()}
+    redis_before = _redis_cpu(client)
     result = _wrk(url, script, connections, s)
+    requests = max(1, result["requests"])
+    result["cpu_us_per_request"] = {
+        role: round((cpu_seconds(p) - cpu_before[role]) / requests * 1e6)
+        for role, p in pids.items()
+    }
+    result["cpu_us_per_request"]["redis"] = round(
+        (_redis_cpu(client) - redis_before) / requests * 1e6
+    )
     calls = _commands(client) - before
     per_request = sum(calls.values()) / max(1, result["requests"])
     result["redis_commands_per_request"] = round(per_request, 2)
     return result
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
 def _supports_processes(code: Path) -> bool:
@@ -182,16 +210,17 @@ def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> 
     script = wrk_script({"model": MODEL, "input": "a short text to embed"}, folder, "single")
     out: dict = {"code": str(code)}
     client.flushall()
-    with _stack(code, redis_url, folder / label) as url:
+    with _stack(code, redis_url, folder / label) as (url, pids):
         for fmt in ("float", "base64"):
             out[f"bulk_{fmt}"] = _bulk(url, client, texts, fmt, args.bulk_requests)
-        out["wrk64"] = _single(url, client, script, args.connections, args.duration)
-        out["wrk1"] = _single(url, client, script, 1, args.duration)
+        out["wrk64"] = _single(url, client, script, args.connections, args.duration, pids)
+        out["wrk1"] = _single(url, client, script, 1, args.duration, pids)
     if _supports_processes(code) and args.processes > 1:
         client.flushall()
-        with _stack(code, redis_url, folder / f"{label}-p", processes=args.processes) as url:
+        p_folder = folder / f"{label}-p"
+        with _stack(code, redis_url, p_folder, processes=args.processes) as (url, pids):
             out[f"wrk64_processes_{args.processes}"] = _single(
-                url, client, script, args.connections, args.duration
+                url, client, script, args.connections, args.duration, pids
             )
     return out
 
@@ -207,6 +236,8 @@ def figures(result: dict) -> dict[str, float]:
         "wrk1_mean_ms": result["wrk1"].get("mean_ms", float("nan")),
         "wrk1_redis_commands_per_request": result["wrk1"]["redis_commands_per_request"],
     }
+    for role, us in result["wrk64"]["cpu_us_per_request"].items():
+        rows[f"wrk64_{role}_cpu_us_per_request"] = us
     for key, value in result.items():
         if key.startswith("wrk64_processes_"):
             rows[f"{key}_requests_per_s"] = value["requests_per_s"]
