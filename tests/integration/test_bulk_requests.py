@@ -7,7 +7,9 @@ batched across entries (`max_batch_size` 3).
 
 from __future__ import annotations
 
+import asyncio
 import random
+import signal
 from collections.abc import Iterator
 
 import httpx
@@ -15,8 +17,18 @@ import numpy as np
 import pytest
 
 from common.settings import DEFAULT_MODEL
-from tests.conftest import Processes, RedisServer, queue_counts, wait_ready, wait_until
+from tests.conftest import (
+    Processes,
+    RedisServer,
+    eventually,
+    free_port,
+    queue_counts,
+    wait_ready,
+    wait_until,
+)
 from tests.integration.test_embeddings_pipeline import cosine, text_of, tokenizer
+from tests.integration.test_faults import QUICK, worker_metrics
+from tests.integration.test_observability import sample
 
 ENTRY_ROWS = 4
 
@@ -73,3 +85,39 @@ def test_a_bad_input_in_a_late_block_is_refused_by_its_index_and_nothing_is_left
         "the request streams drained",
         until=lambda q: q == (0, 0),
     )
+
+
+def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
+    redis_url: str, processes: Processes
+) -> None:
+    """Two entries of six rows, batches of two at 400 ms: the worker dies with some rows
+    computed and none answered; a peer redoes both entries whole, and nothing stays pending."""
+    common = {"redis_url": redis_url, "model": "noop", "max_entry_rows": 6, **QUICK}
+    doomed = processes.start("worker", noop_compute_ms=400, max_batch_size=2, **common)
+    gateway = processes.start("gateway", **common)
+    wait_ready(gateway)
+    port = free_port()
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=60) as client:
+            body = {"model": "noop", "input": [f"text {i}" for i in range(12)]}
+            request = asyncio.create_task(
+                client.post(f"{gateway.base_url}/v1/embeddings", json=body)
+            )
+            await eventually(
+                lambda: queue_counts(redis_url),
+                15,
+                "the doomed worker holding both entries",
+                until=lambda q: q.pending == 2,
+            )
+            await asyncio.sleep(0.6)  # a batch or two of its rows computed, no entry answered
+            doomed.signal(signal.SIGKILL)
+            processes.start("worker", metrics_port=port, **common)
+            return await request
+
+    response = asyncio.run(scenario())
+    assert response.status_code == 200, response.text
+    assert [d["index"] for d in response.json()["data"]] == list(range(12))
+    assert not response.headers["x-microbatch-worker"].endswith(str(doomed.popen.pid))
+    assert sample(worker_metrics(port), "microbatch_redeliveries_total") == 2
+    assert queue_counts(redis_url) == (0, 0)
