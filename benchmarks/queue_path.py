@@ -16,6 +16,7 @@ side in the same run) it measures:
 - wrk, single-input requests, `--connections` (64) for `--duration` s: requests/s and p50;
 - wrk, one connection: the mean round trip, and Redis commands per request;
 - `--processes 2` against 1 (where the tree has the option): wrk at 64 connections;
+- the tokenizer alone on the bulk request's texts: the floor under the bulk rows;
 - during the 64-connection run, CPU microseconds per request of the gateway, the worker and
   redis-server (/proc and INFO cpu): where a single-input request's cost goes.
 
@@ -37,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -97,10 +99,10 @@ def _process(code: Path, args: list[str], env: dict[str, str], log: Path):
             proc.wait()
 
 
-def _ready(url: str) -> bool:
+def _ready(url: str, model: str) -> bool:
     with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
         body = httpx.get(f"{url}/readyz", timeout=2).json()
-        return int(body["models"][MODEL]["live_workers"]) >= 1
+        return int(body["models"][model]["live_workers"]) >= 1
     return False
 
 
@@ -111,10 +113,19 @@ def _group(pgid: int) -> list[int]:
 
 
 @contextmanager
-def _stack(code: Path, redis_url: str, folder: Path, processes: int = 1):
-    """One worker and one gateway (of `processes` processes) of the noop model: its URL, and
-    the pids of each role (for CPU per request)."""
-    common = {"model": MODEL, "redis_url": redis_url, "max_queue_depth": 100_000}
+def _stack(
+    code: Path,
+    redis_url: str,
+    folder: Path,
+    processes: int = 1,
+    model: str = MODEL,
+    device: str | None = None,
+):
+    """One worker and one gateway (of `processes` processes) of `model`: its URL, and the
+    pids of each role (for CPU per request)."""
+    common = {"model": model, "redis_url": redis_url, "max_queue_depth": 100_000}
+    if device is not None:
+        common["device"] = device
     port = free_port()
     with ExitStack() as stack:
         worker = stack.enter_context(
@@ -124,33 +135,53 @@ def _stack(code: Path, redis_url: str, folder: Path, processes: int = 1):
         env = env_with(port=port, gateway_id="gw", **common, **extra)
         gateway = stack.enter_context(_process(code, ["gateway"], env, folder / f"gw-{port}.log"))
         url = f"http://127.0.0.1:{port}"
-        poll(lambda: _ready(url), 120, f"gateway on {port} with a live worker")
+        poll(lambda: _ready(url, model), 300, f"gateway on {port} with a live worker")
         yield url, {"gateway": _group(gateway.pid), "worker": [worker.pid]}
 
 
-def _bulk(url: str, client: redis.Redis, texts: list[str], fmt: str, n: int) -> dict:
-    """Sequential bulk requests; the client sends prepared bytes and reads the body without
-    parsing it inside the timed part, so the figure is the server's and the wire's."""
-    body = orjson.dumps({"model": MODEL, "input": texts, "encoding_format": fmt})
+def _bulk(
+    url: str,
+    client: redis.Redis,
+    texts: list[str],
+    fmt: str,
+    n: int,
+    model: str = MODEL,
+    clients: int = 1,
+) -> dict:
+    """Bulk requests, `n` per client, `clients` at once; each client sends prepared bytes
+    and reads the body without parsing it inside the timed part, so the figure is the
+    server's and the wire's."""
+    body = orjson.dumps({"model": model, "input": texts, "encoding_format": fmt})
     headers = {"Content-Type": "application/json"}
-    with httpx.Client(timeout=60) as http:
+
+    def one_client(count: int) -> list[float]:
+        times = []
+        with httpx.Client(timeout=120) as http:
+            for _ in range(count):
+                t0 = time.perf_counter()
+                response = http.post(f"{url}/v1/embeddings", content=body, headers=headers)
+                times.append(time.perf_counter() - t0)
+                response.raise_for_status()
+        return times
+
+    with httpx.Client(timeout=120) as http:
         for _ in range(3):  # warm-up: connections, caches, the cost model
             answer = http.post(f"{url}/v1/embeddings", content=body, headers=headers)
             answer.raise_for_status()
         assert len(orjson.loads(answer.content)["data"]) == len(texts)
-        before = _commands(client)
-        times = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            response = http.post(f"{url}/v1/embeddings", content=body, headers=headers)
-            times.append(time.perf_counter() - t0)
-            response.raise_for_status()
-        calls = _commands(client) - before
+    before = _commands(client)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        times = [t for ts in pool.map(one_client, [n] * clients) for t in ts]
+    wall_s = time.perf_counter() - start
+    calls = _commands(client) - before
+    n = len(times)
     median_ms = statistics.median(times) * 1000
     return {
+        "clients": clients,
         "median_ms": round(median_ms, 2),
         "us_per_input": round(median_ms * 1000 / len(texts), 2),
-        "inputs_per_s": round(len(texts) / (median_ms / 1000)),
+        "inputs_per_s": round(len(texts) * n / wall_s),
         "redis_commands_per_request": round(sum(calls.values()) / n, 2),
         "redis_commands_per_input": round(sum(calls.values()) / n / len(texts), 4),
         "by_command_per_request": {k: round(v / n, 2) for k, v in calls.most_common()},
@@ -195,6 +226,24 @@ def _single(
     return result
 
 
+def tokenize_floor_us(texts: list[str]) -> float:
+    """Microseconds per input of the gateway's own tokenizer call alone (the default model's
+    tokenizer, which `noop` borrows; the Rust batch call), median of five: a floor under the
+    bulk figures that no change to the queue path can remove."""
+    from tokenizers import Tokenizer
+
+    from worker.models import default_model_path
+
+    tokenizer = Tokenizer.from_file(str(default_model_path() / "tokenizer.json"))
+    tokenizer.no_padding()
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        tokenizer.encode_batch_fast(texts)
+        times.append(time.perf_counter() - t0)
+    return round(statistics.median(times) / len(texts) * 1e6, 1)
+
+
 def _redis_cpu(client: redis.Redis) -> float:
     cpu = client.info("cpu")
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
@@ -207,15 +256,22 @@ def _supports_processes(code: Path) -> bool:
 def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> dict:
     client = redis.Redis.from_url(redis_url)
     texts = loadgen.workload("short", args.bulk)
-    script = wrk_script({"model": MODEL, "input": "a short text to embed"}, folder, "single")
+    script = wrk_script({"model": args.model, "input": "a short text to embed"}, folder, "single")
     out: dict = {"code": str(code)}
     client.flushall()
-    with _stack(code, redis_url, folder / label) as (url, pids):
+    with _stack(code, redis_url, folder / label, 1, args.model, args.device) as (url, pids):
         for fmt in ("float", "base64"):
-            out[f"bulk_{fmt}"] = _bulk(url, client, texts, fmt, args.bulk_requests)
+            out[f"bulk_{fmt}"] = _bulk(url, client, texts, fmt, args.bulk_requests, args.model)
+        for clients in (int(c) for c in args.bulk_clients.split(",")):
+            if clients > 1:
+                out[f"bulk_base64_{clients}_clients"] = _bulk(
+                    url, client, texts, "base64", args.bulk_requests, args.model, clients
+                )
+        if args.bulk_only:
+            return out
         out["wrk64"] = _single(url, client, script, args.connections, args.duration, pids)
         out["wrk1"] = _single(url, client, script, 1, args.duration, pids)
-    if _supports_processes(code) and args.processes > 1:
+    if _supports_processes(code) and args.processes > 1 and not args.bulk_only:
         client.flushall()
         p_folder = folder / f"{label}-p"
         with _stack(code, redis_url, p_folder, processes=args.processes) as (url, pids):
@@ -247,6 +303,9 @@ def figures(result: dict) -> dict[str, float]:
 
 def report(results: dict[str, dict]) -> None:
     labels = list(results)
+    if "wrk64" not in results[labels[0]]:  # --bulk-only
+        print(json.dumps(results, indent=2))
+        return
     table = {label: figures(r) for label, r in results.items()}
     names = list(dict.fromkeys(k for t in table.values() for k in t))
     print(f"{'figure':<44}" + "".join(f"{label:>14}" for label in labels) + "   goal   met")
@@ -279,6 +338,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per wrk run")
     parser.add_argument("--processes", type=int, default=2, help="gateway processes to compare")
     parser.add_argument("--out", type=Path, default=Path("/tmp/queue_path.json"))
+    parser.add_argument("--model", default=MODEL, help="a real model for the bulk rows")
+    parser.add_argument("--device", help="the worker's device (cuda on a GPU host)")
+    parser.add_argument(
+        "--bulk-clients", default="1", help="bulk requests at once, e.g. 1,4,16 (base64)"
+    )
+    parser.add_argument("--bulk-only", action="store_true", help="bulk rows only (no wrk)")
     return parser.parse_args()
 
 
@@ -297,12 +362,15 @@ def main() -> None:
             (folder / f"{label}-p").mkdir()
             results[label] = measure_tree(label, code, args, deployment.url, folder)
             print(f"{label}: measured", flush=True)
+    floor = tokenize_floor_us(loadgen.workload("short", args.bulk))
+    print(f"tokenizing alone (the floor under the bulk rows): {floor} us per input")
     report(results)
     record = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "host": host_cpu(),
         "args": {k: str(v) for k, v in vars(args).items()},
         "results": results,
+        "tokenize_us_per_input": floor,
     }
     args.out.write_text(json.dumps(record, indent=2))
     print(f"written to {args.out}")
