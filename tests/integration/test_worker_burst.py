@@ -20,7 +20,6 @@ from common.protocol import (
     decode,
     encode,
     pack_rows,
-    pack_tokens,
 )
 from common.settings import Settings
 from common.store import close_store, open_store
@@ -55,27 +54,24 @@ class RecordingRunner:
 
 
 def _entry(i: int, tokens: list[int], deadline_in_ms: int = 60_000) -> RequestEntry:
-    now = int(time.time() * 1000)
-    return RequestEntry(
-        id=f"e.{i}",
-        request_id=f"r{i}",
-        model="noop",
-        kind="embed",
-        tokens=pack_tokens(tokens),
-        lengths=pack_tokens([len(tokens)]),
-        deadline_ms=now + deadline_in_ms,
-        priority=1,
-        reply_to=REPLY,
-        enqueued_ms=now,
-    )
+    """An entry of one row."""
+    return _rows_entry(i, [], deadline_in_ms=deadline_in_ms, rows=[np.array(tokens)])
 
 
-def _rows_entry(i: int, lengths: list[int], poison_row: int | None = None) -> RequestEntry:
-    """An entry of several rows (row r: `lengths[r]` tokens of value r + 1, or POISON)."""
-    rows = [
-        np.full(n, POISON if r == poison_row else r + 1, dtype=np.uint32)
-        for r, n in enumerate(lengths)
-    ]
+def _rows_entry(
+    i: int,
+    lengths: list[int],
+    poison_row: int | None = None,
+    deadline_in_ms: int = 60_000,
+    rows: list[np.ndarray] | None = None,
+) -> RequestEntry:
+    """An entry of several rows (row r: `lengths[r]` tokens of value r + 1, or POISON), or
+    of the `rows` given."""
+    if rows is None:
+        rows = [
+            np.full(n, POISON if r == poison_row else r + 1, dtype=np.uint32)
+            for r, n in enumerate(lengths)
+        ]
     tokens, packed = pack_rows(rows)
     now = int(time.time() * 1000)
     return RequestEntry(
@@ -85,7 +81,7 @@ def _rows_entry(i: int, lengths: list[int], poison_row: int | None = None) -> Re
         kind="embed",
         tokens=tokens,
         lengths=packed,
-        deadline_ms=now + 60_000,
+        deadline_ms=now + deadline_in_ms,
         priority=1,
         reply_to=REPLY,
         enqueued_ms=now,
