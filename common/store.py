@@ -83,7 +83,7 @@ class StoreCluster(RedisCluster):
             return await super().execute_command(*args, **kwargs)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
-        except RuntimeError as exc:
+        except (RuntimeError, AttributeError) as exc:
             _raise_if_closed_transport(exc)
             raise
 
@@ -101,17 +101,28 @@ class StoreClusterPipeline(ClusterPipeline):
             return await super().execute(raise_on_error, allow_redirections)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
-        except RuntimeError as exc:
+        except (RuntimeError, AttributeError) as exc:
             _raise_if_closed_transport(exc)
             raise
 
 
-def _raise_if_closed_transport(exc: RuntimeError) -> None:
-    """uvloop 0.23 raises RuntimeError ("the handler is closed") when redis-py's cluster
-    client writes to a connection its dead master closed; that is a connection error, to be
-    retried like any outage. Any other RuntimeError is a bug and stays one."""
-    if "handler is closed" in str(exc):
+def _raise_if_closed_transport(exc: RuntimeError | AttributeError) -> None:
+    """A connection closed under a command is a connection error, to be retried like any
+    outage: uvloop 0.23 raises RuntimeError ("the handler is closed") when redis-py's
+    cluster client writes to a connection its dead master closed, and redis-py's own
+    connection code meets a None reader or writer when another task's retry closed every
+    connection of the client (its pipeline retry does) mid-command. Anything else is a bug
+    and stays one."""
+    if isinstance(exc, RuntimeError) and "handler is closed" in str(exc):
         raise RedisConnectionError(f"connection closed under the client: {exc}") from exc
+    if isinstance(exc, AttributeError) and "'NoneType' object" in str(exc):
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None and tb.tb_frame.f_code.co_filename.endswith(
+            ("redis/asyncio/connection.py", "redis/_parsers/base.py")
+        ):
+            raise RedisConnectionError(f"connection closed under the client: {exc}") from exc
 
 
 def _open_cluster(url: str, timeout: float) -> RedisCluster:

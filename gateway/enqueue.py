@@ -1,7 +1,8 @@
 """`Enqueuer`: coalesces the XADDs of concurrent requests into one pipelined round trip.
 
 Under load many requests arrive between two event-loop turns; writing them in one pipeline
-costs one round trip instead of one each. With one request in flight it is a plain XADD.
+per model (per hash slot) costs one round trip instead of one each, and a Redis error fails
+only the requests whose slot it hit. With one request in flight it is a plain XADD.
 The flusher is supervised: if it dies of anything but a Redis error (a bug), every request
 waiting on it fails at once with a 500, and the next request starts a new flusher.
 """
@@ -42,17 +43,23 @@ class Enqueuer:
     async def _flush(self) -> None:
         while self._pending:
             self._writing, self._pending = self._pending, []
-            flat = [item for items, _ in self._writing for item in items]
-            try:
-                await streams.add_requests(self._store, flat)
-            except RedisError as exc:
-                error = ServiceUnavailable(
-                    f"queue unavailable: {type(exc).__name__}", retry_after_s=1.0
-                )
-                _settle(self._writing, error)
-                continue
-            _settle(self._writing, None)
+            groups = _by_slot(self._writing)
+            outcomes = await asyncio.gather(
+                *(self._write(group) for group in groups), return_exceptions=True
+            )
+            for group, outcome in zip(groups, outcomes, strict=True):
+                if isinstance(outcome, BaseException) and not isinstance(outcome, MicrobatchError):
+                    raise outcome  # a bug: `_flusher_ended` fails what is still unsettled
+                _settle(group, outcome)
         self._writing = []
+
+    async def _write(self, group: list[Waiter]) -> MicrobatchError | None:
+        """One pipeline for one hash slot's waiters; a Redis error fails only them."""
+        try:
+            await streams.add_requests(self._store, [i for items, _ in group for i in items])
+        except RedisError as exc:
+            return ServiceUnavailable(f"queue unavailable: {type(exc).__name__}", retry_after_s=1.0)
+        return None
 
     def _flusher_ended(self, exc: BaseException | None) -> None:
         """A flusher that died fails the group it was writing; what queued behind it gets a
@@ -63,6 +70,22 @@ class Enqueuer:
         _settle(writing, InternalError("the queue writer failed; the gateway log has details"))
         if self._pending:
             self._flusher = spawn_supervised("enqueue", self._flush(), self._flusher_ended)
+
+
+def _by_slot(waiters: list[Waiter]) -> list[list[Waiter]]:
+    """Waiters grouped by the hash tag of their streams (every key of a model shares one), so
+    on a Redis Cluster a master that fails over fails its own models' requests only."""
+    groups: dict[str, list[Waiter]] = {}
+    for waiter in waiters:
+        items = waiter[0]
+        groups.setdefault(_hash_tag(items[0][0]) if items else "", []).append(waiter)
+    return list(groups.values())
+
+
+def _hash_tag(key: str) -> str:
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    return key[start + 1 : end] if start >= 0 and end > start + 1 else key
 
 
 def _settle(group: list[Waiter], error: MicrobatchError | None) -> None:

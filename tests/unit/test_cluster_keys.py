@@ -26,3 +26,15 @@ def test_models_and_gateways_spread_over_slots() -> None:
     models = {key_slot(keys.request(f"model-{i}", 128).encode()) for i in range(20)}
     replies = {key_slot(keys.reply(f"gateway-{i}").encode()) for i in range(20)}
     assert len(models) > 10 and len(replies) > 10
+
+
+def test_concurrent_requests_are_written_one_pipeline_per_model_slot() -> None:
+    """A Cluster master that fails over fails the requests of its own slot only."""
+    from gateway.enqueue import _by_slot
+
+    keys = Keys("mb")
+    a = [(keys.request("a", 128), b"1"), (keys.request("a", 512), b"2")]
+    b = [(keys.request("b", 128), b"3")]
+    waiters = [(a, "fa"), (b, "fb"), (a[:1], "fa2")]
+    groups = _by_slot(waiters)  # type: ignore[arg-type]
+    assert [[w[1] for w in g] for g in groups] == [["fa", "fa2"], ["fb"]]

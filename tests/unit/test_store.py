@@ -59,3 +59,28 @@ def test_cluster_topology_errors_are_redis_errors_every_loop_retries() -> None:
         await close_store(store)
 
     asyncio.run(probe())
+
+
+def test_a_connection_closed_under_a_command_is_a_connection_error_and_a_bug_is_not() -> None:
+    """redis-py's cluster pipeline retry closes every connection of the client; a command
+    in flight on one of them then meets a None writer inside redis-py's connection code."""
+    import pytest
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from common.store import _raise_if_closed_transport
+
+    async def write_on_closed() -> None:
+        connection = Connection()
+        connection._writer = None  # what a concurrent disconnect leaves
+        await connection._send_packed_command([b"PING\r\n"])
+
+    try:
+        asyncio.run(write_on_closed())
+    except AttributeError as exc:
+        closed = exc
+    with pytest.raises(RedisConnectionError):
+        _raise_if_closed_transport(closed)
+    _raise_if_closed_transport(AttributeError("'NoneType' object has no attribute 'x'"))  # ours
+    with pytest.raises(RedisConnectionError):
+        _raise_if_closed_transport(RuntimeError("the handler is closed"))
