@@ -24,6 +24,9 @@ from worker.generate.tiny_model import TinyShape, write_tiny_model
 pytestmark = pytest.mark.slow
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
 LONG = 1500
+# 1,500 tokens, a worker's restart and the whole answer again take over the default 30 s
+# deadline on a slow host: the tests are about who answers, not how fast.
+PATIENT = {"request_timeout_ms": 180_000}
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
     port = free_port()
     # One sequence at a time: the stream waits, unsent, behind the whole answer.
     doomed = processes.start("worker", metrics_port=port, max_running_seqs=1, **common)
-    gateway = processes.start("gateway", **common)
+    gateway = processes.start("gateway", **common, **PATIENT)
     wait_ready(gateway)
     whole_body = {"prompt": "kalo mine", "max_tokens": LONG, "temperature": 0}
     stream_body = {"prompt": "sati vobe", "max_tokens": 20, "temperature": 0}
@@ -102,7 +105,7 @@ def test_a_stream_whose_worker_dies_after_sending_text_ends_with_an_error_not_re
 ) -> None:
     common = {"redis_url": redis_url, "model": slow_model, **QUICK}
     doomed = processes.start("worker", **common)
-    gateway = processes.start("gateway", **common)
+    gateway = processes.start("gateway", **common, **PATIENT)
     wait_ready(gateway)
     body = {"prompt": "kalo mine", "max_tokens": LONG, "temperature": 0}
 
