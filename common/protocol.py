@@ -79,8 +79,8 @@ class RequestEntry(_Tokens):
         """Each row's token ids, as views of `tokens`."""
         if len(self.lengths) == 4:
             return [self.token_ids()]
-        ends = np.cumsum(self.row_lengths())
-        return np.split(self.token_ids(), ends[:-1])
+        ids, ends = self.token_ids(), np.cumsum(self.row_lengths()).tolist()
+        return [ids[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from worker.embed.cost import ArrivalRate, BatchCost
 
@@ -78,3 +80,17 @@ def test_arrival_rate_from_gaps_decays_in_silence() -> None:
         rate.observe(i * 0.01)  # 100 per second
     assert rate.per_second(0.19) == pytest.approx(100, rel=1e-6)
     assert rate.per_second(1.19) == pytest.approx(1.0, rel=1e-6)  # a second of silence
+
+
+@given(st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 300)), min_size=1, max_size=30))
+def test_an_entrys_rows_counted_at_once_equal_its_rows_counted_one_by_one(
+    entries: list[tuple[float, int]],
+) -> None:
+    at_once, one_by_one, at = ArrivalRate(), ArrivalRate(), 0.0
+    for gap, rows in entries:
+        at += gap
+        at_once.observe(at, rows)
+        for _ in range(rows):
+            one_by_one.observe(at)
+    now = at + 0.001
+    assert at_once.per_second(now) == pytest.approx(one_by_one.per_second(now), rel=1e-9)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
@@ -124,6 +125,21 @@ def _urgent(w: Waiting, now_s: float, limits: Limits) -> bool:
     return w.priority == PRIORITY_INTERACTIVE or now_s - w.arrived_s >= limits.starvation_s
 
 
+_BY_LENGTH = attrgetter("n_tokens", "arrived_s")
+_BY_ARRIVAL = attrgetter("arrived_s")
+
+
+def _anchor(queue: Sequence[Waiting], now_s: float, limits: Limits) -> Waiting:
+    """The oldest urgent entry, else the oldest: the oldest is urgent when it is interactive
+    or starved, and when it is not starved none is, so then only priority makes one urgent
+    (C-level scans: this runs once per batch over every queued row)."""
+    oldest = min(queue, key=_BY_ARRIVAL)
+    if _urgent(oldest, now_s, limits):
+        return oldest
+    interactive = [w for w in queue if w.priority == PRIORITY_INTERACTIVE]
+    return min(interactive, key=_BY_ARRIVAL) if interactive else oldest
+
+
 @dataclass(slots=True)
 class _Growth:
     """The batch growing around its anchor: a window of the length-ordered queue."""
@@ -162,8 +178,8 @@ def _take(
     Returns the members and what stopped the growth: "tokens" (padded budget), "split"
     (the next neighbour would make the batch worse), or None (size reached or queue empty).
     """
-    ordered = sorted(queue, key=lambda w: (w.n_tokens, w.arrived_s))
-    at = ordered.index(anchor)
+    ordered = sorted(queue, key=_BY_LENGTH)
+    at = next(i for i, w in enumerate(ordered) if w is anchor)  # identity: no __eq__ calls
     grow = _Growth(ordered, at, at, anchor.n_tokens)
     while grow.size < limits.max_batch_size:
         options = []
@@ -234,7 +250,7 @@ def next_batch(
     for bucket, queue in queues.items():
         if not queue:
             continue
-        anchor = min(queue, key=lambda w: (not _urgent(w, now_s, limits), w.arrived_s))
+        anchor = _anchor(queue, now_s, limits)
         urgent = _urgent(anchor, now_s, limits)
         members, stopped = _take(queue, anchor, limits, load.cost_for(bucket))
         if len(members) == limits.max_batch_size:

@@ -88,13 +88,20 @@ class ArrivalRate:
         self._mean_gap_s: float | None = None
         self._last_s: float | None = None
 
-    def observe(self, at_s: float) -> None:
+    def observe(self, at_s: float, count: int = 1) -> None:
+        """`count` arrivals at `at_s` (the rows of one entry): one gap, then `count - 1` gaps
+        of zero, folded into the mean in one step."""
         if self._last_s is not None:
             gap = min(max(at_s - self._last_s, 0.0), self._max_gap_s)
             if self._mean_gap_s is None:
                 self._mean_gap_s = gap
             else:
                 self._mean_gap_s += self._weight * (gap - self._mean_gap_s)
+            count -= 1
+        elif count > 1:  # the first arrival starts the clock; the rest arrived with it
+            self._mean_gap_s, count = 0.0, count - 1
+        if count > 0 and self._mean_gap_s is not None:
+            self._mean_gap_s *= (1 - self._weight) ** count
         self._last_s = at_s
 
     def per_second(self, now_s: float) -> float:
@@ -114,8 +121,8 @@ class Observations:
         self._bucket_costs: dict[tuple[int, int], BatchCost] = {}
         self._arrivals = {b: ArrivalRate() for b in buckets}
 
-    def arrival(self, bucket: int, at_s: float) -> None:
-        self._arrivals[bucket].observe(at_s)
+    def arrival(self, bucket: int, at_s: float, count: int = 1) -> None:
+        self._arrivals[bucket].observe(at_s, count)
 
     def batch(self, threads: int, bucket: int, padded_tokens: int, seconds: float) -> None:
         self._costs.setdefault(threads, BatchCost()).observe(padded_tokens, seconds)

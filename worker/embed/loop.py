@@ -114,8 +114,8 @@ class EmbedLoop:
             key = next(self._seq)
             queue[key] = (assembly, index)
             views[key] = Waiting(key, len(row), held.arrived_s, priority)
-            self._observed.arrival(held.bucket, held.arrived_s)
         n = len(assembly.rows)
+        self._observed.arrival(held.bucket, held.arrived_s, n)
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
 
     def live_limits(self, overrides: dict[str, str]) -> None:
@@ -283,8 +283,9 @@ class EmbedLoop:
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
         self._rate.observe(len(members), compute_s)
         waits_ms = [max(0, start_ms - a.entry.enqueued_ms) for a, _ in members]
+        queue_wait = metrics.queue_wait_seconds.labels(*labels)  # one lookup, not one per row
         for wait_ms in waits_ms:
-            metrics.queue_wait_seconds.labels(*labels).observe(wait_ms / 1000)
+            queue_wait.observe(wait_ms / 1000)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "batch",
