@@ -3,12 +3,14 @@ matryoshka vectors, what a model's config says, and the segment ids of a pair.""
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 
 from common.errors import InvalidRequest
 from common.protocol import ModelInfo, decode, encode
-from gateway.routes.embeddings import vector_options
+from gateway.routes.embeddings import base64_rows, vector_options
 from gateway.scores import activate, ranking, shorten
 from worker.models import is_classifier, read_activation, read_labels
 
@@ -106,3 +108,15 @@ def test_token_types_mark_the_second_segment() -> None:
     ids = torch.tensor([[101, 7, 8, 102, 9, 102, 0], [101, 7, 102, 0, 0, 0, 0]])
     assert token_types(ids, 102).tolist()[0][:6] == [0, 0, 0, 0, 1, 1]
     assert token_types(ids, 102).tolist()[1][:3] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("rows", "dim"), [(5, 384), (3, 100), (4, 1), (0, 384), (1, 3)])
+def test_base64_of_a_whole_matrix_cut_per_row_is_each_rows_own_base64(rows: int, dim: int) -> None:
+    vectors = np.random.default_rng(rows + dim).standard_normal((rows, dim)).astype(np.float32)
+    expected = [base64.b64encode(v.tobytes()).decode() for v in vectors]
+    got = base64_rows(vectors)
+    assert got == expected
+    assert all(
+        np.array_equal(np.frombuffer(base64.b64decode(g), "<f4"), v)
+        for g, v in zip(got, vectors, strict=True)
+    )
