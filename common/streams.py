@@ -101,7 +101,11 @@ async def ensure_groups(store: Store, streams: Iterable[str]) -> None:
 
 
 async def add_requests(store: Store, items: Sequence[tuple[str, bytes]]) -> list[str]:
-    """XADD many entries in one round trip; returns their ids in order."""
+    """XADD many entries in one round trip; returns their ids in order (one entry: the
+    command alone, without a pipeline's own cost)."""
+    if len(items) == 1:
+        stream, payload = items[0]
+        return [_text(await store.xadd(stream, {FIELD: payload}))]
     pipe = pipeline(store)
     for stream, payload in items:
         pipe.xadd(stream, {FIELD: payload})

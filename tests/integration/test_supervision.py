@@ -63,6 +63,15 @@ class FaultyStore:
     def pipeline(self) -> FaultyPipeline:
         return FaultyPipeline(self.inner.pipeline(transaction=False), self)
 
+    async def xadd(self, *args: Any, **kwargs: Any) -> Any:
+        """The queue writer's call for a single entry (a pipeline for several)."""
+        if self.fail_enqueue:
+            raise RuntimeError("injected bug in the queue writer")
+        result = await self.inner.xadd(*args, **kwargs)
+        if self.break_reader_after_enqueue:
+            self.fail_reads = True  # the request now waits on the reply reader
+        return result
+
     async def xread(self, *args: Any, **kwargs: Any) -> Any:
         if self.fail_reads:
             raise RuntimeError("injected bug in the reply reader")
