@@ -10,7 +10,7 @@ import asyncio
 import logging
 import sys
 
-from common import streams
+from common import gc_tuning, streams
 from common.backoff import Backoff
 from common.protocol import ModelInfo, encode
 from common.settings import Settings
@@ -147,6 +147,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
         compute = ComputeThreads()
         model = await asyncio.wrap_future(compute.first.submit(load_model, settings))
         consumer = build_consumer(settings, store, model, compute)
+        gc_tuning.freeze_startup_heap()  # the model's Python objects leave every later scan
         backoff = Backoff(first_s=0.5, cap_s=0.5)
         while not stop.is_set():
             try:

@@ -45,7 +45,10 @@ def _run(main: Coroutine[Any, Any, int | None]) -> None:
 
 def _exit_code(main: Coroutine[Any, Any, int | None]) -> int:
     """Run `main` on uvloop where installed; the exit code it returns (None: 0)."""
+    from common import gc_tuning
     from common.store import StoreRefused
+
+    gc_tuning.relax()
 
     try:
         import uvloop
@@ -196,6 +199,7 @@ async def _supervise_gateways(settings: Settings) -> int:
 
 async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
     """One gateway on this event loop, until a signal; on `sockets` if given, else it binds."""
+    from common import gc_tuning
     from common.store import check_access, close_store, open_store
     from gateway.app import create_app
 
@@ -203,6 +207,7 @@ async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None
     await check_access(store)
     server = _uvicorn_server(settings, create_app(settings, store))
     _stop_on_signals(lambda: setattr(server, "should_exit", True))
+    gc_tuning.freeze_startup_heap()
     try:
         await server.serve(sockets=sockets)
     finally:
