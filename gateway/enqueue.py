@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 
 from redis.exceptions import RedisError
 
@@ -47,7 +47,8 @@ class Enqueuer:
             outcomes = (
                 await asyncio.gather(*(self._write(g) for g in groups), return_exceptions=True)
                 if len(groups) > 1
-                else [await _outcome(self._write(groups[0]))]  # one slot: no task to gather
+                else [await self._write(groups[0])]  # one slot: no task to gather; a bug
+                # raised here ends the flusher as one returned by gather does
             )
             for group, outcome in zip(groups, outcomes, strict=True):
                 if isinstance(outcome, BaseException) and not isinstance(outcome, MicrobatchError):
@@ -72,16 +73,6 @@ class Enqueuer:
         _settle(writing, InternalError("the queue writer failed; the gateway log has details"))
         if self._pending:
             self._flusher = spawn_supervised("enqueue", self._flush(), self._flusher_ended)
-
-
-async def _outcome(
-    write: Awaitable[MicrobatchError | None],
-) -> MicrobatchError | BaseException | None:
-    """`write`'s outcome, an exception returned as `gather(..., return_exceptions=True)` does."""
-    try:
-        return await write
-    except Exception as exc:
-        return exc
 
 
 def _by_slot(waiters: list[Waiter]) -> list[list[Waiter]]:
