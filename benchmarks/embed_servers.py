@@ -108,10 +108,17 @@ def model_with_cut(source: Path, cut: int, folder: Path) -> Path:
 
 @contextmanager
 def infinity(
-    arm: str, tmp: Path, venv: Path, model: Path, cut: int | None, device: str = "cpu"
+    arm: str,
+    tmp: Path,
+    venv: Path,
+    model: Path,
+    cut: int | None,
+    device: str = "cpu",
+    dtype: str = "float32",
 ) -> Iterator[Server]:
     """infinity-emb's own server on the torch engine on `device` (its --device takes cpu or
-    cuda); `cut` None keeps the model's own cut."""
+    cuda) in `dtype` (its --dtype: float32, bfloat16, float16); `cut` None keeps the model's
+    own cut."""
     binary = venv / "bin" / "infinity_emb"
     if not binary.is_file():
         raise ArmUnavailable(
@@ -120,7 +127,7 @@ def infinity(
     folder = model_with_cut(model, cut, tmp / f"model-cut-{cut}") if cut else model
     port = free_port()
     args = [str(binary), "v2", "--model-id", str(folder), "--served-model-name", MODEL_NAME]
-    args += ["--engine", "torch", "--device", device.split(":")[0]]
+    args += ["--engine", "torch", "--device", device.split(":")[0], "--dtype", dtype]
     args += ["--host", "127.0.0.1", "--port", str(port)]
     args += ["--url-prefix", "/v1", "--log-level", "warning"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}

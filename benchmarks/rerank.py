@@ -1,6 +1,7 @@
 """Reranking throughput, side by side in one run: the offline ceiling, microbatch, infinity-emb.
 
     python -m benchmarks.rerank [--rounds 3] [--arms offline,microbatch,infinity]
+                                [--dtype float32|bfloat16]
 
 Model: a random-weight BERT cross-encoder of cross-encoder/ms-marco-MiniLM-L6-v2's shape
 (6 layers, 384 hidden, 12 heads, its WordPiece vocabulary), written with a fixed seed: the
@@ -13,6 +14,9 @@ Arms:
   microbatch  redis-server + `microbatch worker` + `microbatch gateway`, POST /v1/rerank
   infinity    infinity-emb's own server on the same folder, POST /v1/rerank (its own venv,
               as in benchmarks/embeddings.py; skipped with the reason when absent)
+
+Every arm runs in `--dtype` (microbatch's `dtype` setting, infinity's `--dtype`): float32,
+the exact default, or bfloat16, several times faster on a CPU with AMX or on a GPU.
 
 Judged by: microbatch pairs/s over offline pairs/s (goal >= 0.9) and over infinity's (>= 2).
 Each arm is measured `--rounds` times (8 x 256 pairs each, after a warm-up); medians print.
@@ -66,7 +70,7 @@ def workload(seed: int = 0) -> list[dict]:
     return bodies
 
 
-def offline_rounds(folder: Path, bodies: list[dict], rounds: int) -> list[float]:
+def offline_rounds(folder: Path, bodies: list[dict], rounds: int, dtype: str) -> list[float]:
     """Pairs/s of the worker's runner on the same rows, sorted by length, batches of 32."""
     from gateway.tokenize import ModelTokenizer
     from worker.embed.runners.classifier_runner import ClassifierRunner
@@ -80,7 +84,7 @@ def offline_rounds(folder: Path, bodies: list[dict], rounds: int) -> list[float]
         for row in tokenizer.encode_pairs([(b["query"], d) for d in b["documents"]], True)
     ]
     rows.sort(key=len)
-    runner = ClassifierRunner(files)
+    runner = ClassifierRunner(files, dtype=dtype)
 
     def once() -> float:
         start = time.perf_counter()
@@ -122,8 +126,10 @@ def served_rounds(server: Server, bodies: list[dict], rounds: int) -> tuple[list
     return rates, statistics.median(latencies)
 
 
-def infinity_server(tmp: Path, folder: Path, venv: Path) -> AbstractContextManager[Server]:
-    return infinity("infinity", tmp, venv, folder, None)
+def infinity_server(
+    tmp: Path, folder: Path, venv: Path, dtype: str
+) -> AbstractContextManager[Server]:
+    return infinity("infinity", tmp, venv, folder, None, dtype=dtype)
 
 
 def main() -> None:
@@ -131,6 +137,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--arms", default="offline,microbatch,infinity")
     p.add_argument("--infinity-venv", type=Path, default=ROOT / ".bench" / "infinity-venv")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = p.parse_args()
     arms = args.arms.split(",")
     bodies = workload()
@@ -139,13 +146,13 @@ def main() -> None:
         tmp = Path(tmp_name)
         folder = write_model(tmp / "ms-marco-MiniLM-L6-v2-shape")
         if "offline" in arms:
-            rates = offline_rounds(folder, bodies, args.rounds)
+            rates = offline_rounds(folder, bodies, args.rounds, args.dtype)
             results["offline"] = {"rates": rates, "p50_s": None}
         servers: dict[str, Callable[[], Iterator[Server] | AbstractContextManager[Server]]] = {
             "microbatch": lambda: microbatch_redis(
-                "microbatch", tmp, model=folder, served_model_name=MODEL
+                "microbatch", tmp, model=folder, served_model_name=MODEL, dtype=args.dtype
             ),
-            "infinity": lambda: infinity_server(tmp, folder, args.infinity_venv),
+            "infinity": lambda: infinity_server(tmp, folder, args.infinity_venv, args.dtype),
         }
         for arm in (a for a in arms if a in servers):
             try:
@@ -154,13 +161,13 @@ def main() -> None:
                 results[arm] = {"rates": rates, "p50_s": p50}
             except ArmUnavailable as exc:
                 print(f"{arm}: not run: {exc}", file=sys.stderr)
-    report(results)
+    report(results, args.dtype)
 
 
-def report(results: dict[str, dict]) -> None:
+def report(results: dict[str, dict], dtype: str) -> None:
     print(
         f"rerank: {IN_FLIGHT} requests in flight x 1 query x {DOCUMENTS} documents, "
-        "MiniLM-L6 cross-encoder shape"
+        f"MiniLM-L6 cross-encoder shape, every arm in {dtype}"
     )
     print(f"{'arm':<12} {'pairs/s (median)':>17} {'rounds':>26} {'p50 request s':>14}")
     medians = {}

@@ -34,6 +34,12 @@ def load_model(settings: Settings) -> LoadedModel:
     if files.causal_lm and settings.model != NOOP_MODEL:
         from worker.generate.engine import GenerationEngine
 
+        if settings.dtype != "float32":  # refused, never silently served in float32
+            raise RuntimeError(
+                f"{files.name} is a causal LM; dtype {settings.dtype} applies to encoders and "
+                "classifiers, generation runs float32 (kv_cache_dtype sets its cache)"
+            )
+
         engine = GenerationEngine(
             files.path,
             device=settings.device,
@@ -94,7 +100,9 @@ def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
         )
     from worker.embed.runners.classifier_runner import ClassifierRunner
 
-    return ClassifierRunner(files, device=settings.device, threads=settings.torch_threads)
+    return ClassifierRunner(
+        files, device=settings.device, threads=settings.torch_threads, dtype=settings.dtype
+    )
 
 
 def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
@@ -103,6 +111,7 @@ def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
         device=settings.device,
         threads=settings.torch_threads,
         torchscript=settings.torchscript,
+        dtype=settings.dtype,
     )
 
 

@@ -44,6 +44,9 @@ def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.Monkey
         {"backend": "auto", "quantize": "int8"},  # int8 only where onnx serves every batch
         {"backend": "auto", "device": "cuda"},  # ONNX Runtime runs here on the CPU only
         {"backend": "onnx", "device": "cuda:0"},
+        {"dtype": "bfloat16", "backend": "onnx"},  # the exported graph is float32
+        {"dtype": "float16", "backend": "auto"},
+        {"dtype": "int4"},
     ],
 )
 def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:

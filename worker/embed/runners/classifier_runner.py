@@ -41,7 +41,12 @@ class ClassifierRunner:
     concurrent = True  # inference only: the module is never written to
 
     def __init__(
-        self, files: ModelFiles, *, device: str = "cpu", threads: int | None = None
+        self,
+        files: ModelFiles,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        dtype: str = "float32",
     ) -> None:
         import torch
         from transformers import AutoModelForSequenceClassification
@@ -51,9 +56,11 @@ class ClassifierRunner:
         self._torch = torch
         self._device = torch.device(device)
         model = AutoModelForSequenceClassification.from_pretrained(
-            files.path, dtype=torch.float32
+            files.path, dtype=getattr(torch, dtype)
         ).to(self._device)
         self._model = model.eval()
+        # the weights' and the forward's, as loaded; answers are float32 whatever it is
+        self.dtype = str(model.dtype).removeprefix("torch.")
         self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self.dim = int(model.config.num_labels)
         separator = segment_separator(files.tokenizer_json)

@@ -32,7 +32,9 @@ class Encoder(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.model(input_ids=input_ids, attention_mask=attention_mask)
-        return pool(hidden.last_hidden_state, attention_mask, self.pooling)
+        # pooled and normalised in float32 whatever the weights' dtype: a bfloat16 mean over
+        # hundreds of tokens would lose more than the forward itself
+        return pool(hidden.last_hidden_state.float(), attention_mask, self.pooling)
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:

@@ -32,6 +32,7 @@ class TorchRunner:
         device: str = "cpu",
         threads: int | None = None,
         torchscript: bool = False,
+        dtype: str = "float32",
     ) -> None:
         import torch
         from transformers import AutoModel
@@ -42,8 +43,11 @@ class TorchRunner:
             torch.set_num_threads(threads)
         self._torch = torch
         self._device = torch.device(device)
-        model = AutoModel.from_pretrained(files.path, dtype=torch.float32).to(self._device)
+        weights = getattr(torch, dtype)
+        model = AutoModel.from_pretrained(files.path, dtype=weights).to(self._device)
         model.eval()
+        # the weights' and the forward's, as loaded; answers are float32 whatever it is
+        self.dtype = str(model.dtype).removeprefix("torch.")
         self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self.dim = int(model.config.hidden_size)
         self._encode = Encoder(model, files.pooling).eval()

@@ -1,0 +1,60 @@
+"""`dtype bfloat16` is honoured, never ignored: encoders and classifiers load their weights in
+it and still answer float32 within a stated bound of the float32 answer; a causal LM, which
+generates in float32 here, refuses it at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.settings import Settings
+from gateway.tokenize import ModelTokenizer
+from worker.loading import load_model
+
+pytestmark = pytest.mark.slow
+TEXTS = [
+    "micro-batching is neat",
+    "a somewhat longer sentence about queues, deadlines and the padding of batches " * 6,
+    "日本語のテキストも",
+    "x",
+]
+
+
+def test_bfloat16_embeddings_are_float32_unit_vectors_near_the_reference(reference_model):
+    half = load_model(Settings(model="all-MiniLM-L6-v2", dtype="bfloat16"))
+    assert half.runner.dtype == "bfloat16"
+    tokenizer = reference_model.tokenizer
+    rows = [np.asarray(tokenizer(t)["input_ids"], dtype=np.uint32) for t in TEXTS]
+    got = np.stack(half.runner.embed(rows))
+    want = reference_model.encode(TEXTS)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)  # pooled in fp32
+    cosines = (got * want).sum(1) / np.linalg.norm(want, axis=1)
+    assert cosines.min() >= 0.999
+    assert np.abs(got - want).max() > 1e-6  # computed in bfloat16, not float32 after all
+
+
+def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path):
+    from worker.embed.tiny_classifier import write_tiny_classifier
+
+    folder = write_tiny_classifier(tmp_path / "tiny-reranker")
+    full = load_model(Settings(model=str(folder)))
+    half = load_model(Settings(model=str(folder), dtype="bfloat16"))
+    assert (full.kind, half.kind) == ("classifier", "classifier")
+    files = full.files
+    tokenizer = ModelTokenizer(files.tokenizer_json, max_tokens=512, vocab_size=files.vocab_size)
+    documents = [("queue batch worker " * (i % 20 + 1)) + f"document {i}" for i in range(40)]
+    rows = tokenizer.encode_pairs([("which queue", d) for d in documents], True)
+    want = np.stack(full.runner.embed(rows))[:, 0]
+    got = np.stack(half.runner.embed(rows))[:, 0]
+    assert got.dtype == np.float32
+    assert np.abs(got - want).max() <= 0.05  # logits of about +-0.5 here
+    assert np.corrcoef(got, want)[0, 1] >= 0.99
+    assert np.abs(got - want).max() > 1e-6
+
+
+def test_a_causal_lm_refuses_half_precision_rather_than_ignoring_it(tiny_model: Path):
+    with pytest.raises(RuntimeError, match=r"causal LM.*generation runs float32"):
+        load_model(Settings(model=str(tiny_model), dtype="bfloat16"))
