@@ -91,8 +91,9 @@ def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
 
 
 def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
-    """A classifier runs on torch, eager (`torchscript` and `auto` only choose speed, never
-    the answer); backend onnx is refused, never silently served as something else."""
+    """A classifier runs on torch, as a checked trace where `torchscript` (`auto` only
+    chooses speed, never the answer); backend onnx is refused, never silently served as
+    something else."""
     if settings.backend == "onnx":
         raise RuntimeError(
             f"{files.name} is a sequence classifier; backend onnx serves embedding models "
@@ -101,7 +102,11 @@ def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
     from worker.embed.runners.classifier_runner import ClassifierRunner
 
     return ClassifierRunner(
-        files, device=settings.device, threads=settings.torch_threads, dtype=settings.dtype
+        files,
+        device=settings.device,
+        threads=settings.torch_threads,
+        dtype=settings.dtype,
+        torchscript=settings.torchscript,
     )
 
 

@@ -180,3 +180,21 @@ def test_an_onnx_backend_without_onnx_runtime_says_what_to_install(monkeypatch) 
     for backend in ("onnx", "auto"):
         with pytest.raises(RuntimeError, match=r"onnxruntime: pip install 'microbatch\[onnx\]'"):
             encoder_runner(Settings(backend=backend), describe("all-MiniLM-L6-v2"))
+
+
+def test_the_classifier_trace_equals_eager_logits_at_any_batch_shape(tmp_path: Path) -> None:
+    from gateway.tokenize import ModelTokenizer
+    from worker.embed.runners.classifier_runner import ClassifierRunner
+    from worker.embed.tiny_classifier import write_tiny_classifier
+
+    files = describe(str(write_tiny_classifier(tmp_path / "reranker")))
+    traced = ClassifierRunner(files, torchscript=True)
+    eager = ClassifierRunner(files, torchscript=False)
+    assert traced.traced and not eager.traced
+    tokenizer = ModelTokenizer(files.tokenizer_json, max_tokens=512, vocab_size=files.vocab_size)
+    documents = [("queue batch worker " * (i % 9 + 1)) + f"document {i}" for i in range(12)]
+    rows = tokenizer.encode_pairs([("which queue", d) for d in documents], True)
+    want = np.stack(eager.embed(rows))
+    np.testing.assert_allclose(np.stack(traced.embed(rows)), want, rtol=1e-5, atol=1e-6)
+    for i, row in enumerate(rows[:4]):  # one at a time: other shapes than the trace saw
+        np.testing.assert_allclose(traced.embed([row])[0], want[i], rtol=1e-5, atol=1e-6)

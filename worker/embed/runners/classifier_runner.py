@@ -28,13 +28,6 @@ def segment_separator(tokenizer_json: str) -> int | None:
     return int(encoding.ids[types.index(1) - 1])
 
 
-def token_types(ids, separator: int):
-    """Type ids as the tokenizer gave them for a pair: 0 up to and including the first
-    separator, 1 after it (a single text has its only separator last: all 0)."""
-    is_sep = (ids == separator).long()
-    return ((is_sep.cumsum(1) - is_sep) >= 1).long()
-
-
 class ClassifierRunner:
     """Rows of token ids in, one float32 logit per label out, padded to the batch's longest."""
 
@@ -47,9 +40,12 @@ class ClassifierRunner:
         device: str = "cpu",
         threads: int | None = None,
         dtype: str = "float32",
+        torchscript: bool = False,
     ) -> None:
         import torch
         from transformers import AutoModelForSequenceClassification
+
+        from worker.embed.runners.encoder import Scorer, same_values, trace_checked
 
         if threads:
             torch.set_num_threads(threads)
@@ -65,7 +61,15 @@ class ClassifierRunner:
         self.dim = int(model.config.num_labels)
         separator = segment_separator(files.tokenizer_json)
         uses_types = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
-        self._separator = separator if uses_types else None
+        self._score = Scorer(model, separator if uses_types else None).eval()
+        self.traced = False  # whether batches run as a TorchScript trace (free of the GIL)
+        if torchscript:
+            vocab, pad = int(model.config.vocab_size), self._pad_id
+            traced = trace_checked(
+                self._score, pad, files.max_tokens, vocab, self._device, agree=same_values
+            )
+            if traced is not None:
+                self._score, self.traced = traced, True
 
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
         use_threads(threads)
@@ -74,12 +78,7 @@ class ClassifierRunner:
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         from worker.embed.collate import collate
 
-        torch = self._torch
         ids, mask = collate(rows, self._pad_id)
-        ids, mask = ids.to(self._device), mask.to(self._device)
-        extra = {}
-        if self._separator is not None:
-            extra["token_type_ids"] = token_types(ids, self._separator) * mask
-        with torch.inference_mode():
-            logits = self._model(input_ids=ids, attention_mask=mask, **extra).logits
-        return list(logits.float().cpu().numpy())
+        with self._torch.inference_mode():
+            logits = self._score(ids.to(self._device), mask.to(self._device))
+        return list(logits.cpu().numpy())

@@ -1,4 +1,5 @@
-"""The embedding model as one torch module, eager or as a checked TorchScript trace.
+"""The embedding model (and a sequence classifier) as one torch module, eager or as a checked
+TorchScript trace.
 
 Eager torch takes the GIL back between ops, so on a CPU the event loop and the other compute
 streams stall each batch's forward; a trace runs the whole forward in C++ without the GIL
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -37,6 +39,42 @@ class Encoder(torch.nn.Module):
         return pool(hidden.last_hidden_state.float(), attention_mask, self.pooling)
 
 
+class Scorer(torch.nn.Module):
+    """A sequence classifier: (input_ids, attention_mask) -> float32 logits (B, labels), its
+    segment ids derived from the first `separator` where the model uses them (None: it does
+    not), so it has the encoder's signature and the same checked trace serves it."""
+
+    def __init__(self, model: torch.nn.Module, separator: int | None) -> None:
+        super().__init__()
+        self.model = model
+        self.separator = separator
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        extra = {}
+        if self.separator is not None:
+            extra["token_type_ids"] = token_types(input_ids, self.separator) * attention_mask
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        return out.logits.float()
+
+
+def token_types(ids: torch.Tensor, separator: int) -> torch.Tensor:
+    """Type ids as the tokenizer gave them for a pair: 0 up to and including the first
+    separator, 1 after it (a single text has its only separator last: all 0)."""
+    is_sep = (ids == separator).long()
+    return ((is_sep.cumsum(1) - is_sep) >= 1).long()
+
+
+def same_direction(want: torch.Tensor, got: torch.Tensor) -> bool:
+    """Embeddings agree when every row points the same way (cosine >= TRACE_MIN_COSINE)."""
+    cos = torch.nn.functional.cosine_similarity(want, got, dim=-1).min().item()
+    return cos >= TRACE_MIN_COSINE
+
+
+def same_values(want: torch.Tensor, got: torch.Tensor) -> bool:
+    """Logits agree value by value: a single logit has no direction to compare."""
+    return torch.allclose(want, got, rtol=1e-4, atol=1e-5)
+
+
 def pool(hidden: torch.Tensor, mask: torch.Tensor, pooling: Pooling) -> torch.Tensor:
     """(B, T, D), (B, T) -> (B, D), over real tokens only: padding never reaches the vector."""
     if pooling.mode == "cls":
@@ -56,10 +94,15 @@ def _batch(lengths: list[int], pad_id: int, vocab_size: int, device: torch.devic
 
 
 def trace_checked(
-    encoder: torch.nn.Module, pad_id: int, max_tokens: int, vocab_size: int, device: torch.device
+    encoder: torch.nn.Module,
+    pad_id: int,
+    max_tokens: int,
+    vocab_size: int,
+    device: torch.device,
+    agree: Callable[[torch.Tensor, torch.Tensor], bool] = same_direction,
 ) -> torch.jit.ScriptModule | None:
     """`encoder` traced, or None (logged) where tracing fails or the trace and eager disagree
-    (cosine under TRACE_MIN_COSINE, or another shape) on batches of other sizes and lengths."""
+    (`agree` false, or another shape) on batches of other sizes and lengths."""
     longest = max(2, min(max_tokens, 96))
     try:
         with torch.inference_mode(), warnings.catch_warnings():
@@ -72,12 +115,11 @@ def trace_checked(
                 if got.shape != want.shape:
                     log.warning("TorchScript trace changed the output shape; running eager")
                     return None
-                cos = torch.nn.functional.cosine_similarity(want, got, dim=-1).min().item()
-                if not cos >= TRACE_MIN_COSINE:
-                    log.warning("TorchScript trace disagrees with eager (cos %.6f); eager", cos)
+                if not agree(want, got):
+                    log.warning("TorchScript trace disagrees with eager; running eager")
                     return None
     except Exception as exc:  # a model the tracer cannot follow: eager still serves it
         log.warning("TorchScript tracing failed (%s); running eager", exc)
         return None
-    log.info("the encoder runs as a TorchScript trace")
+    log.info("the model runs as a TorchScript trace")
     return traced
