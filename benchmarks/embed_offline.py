@@ -41,8 +41,8 @@ class Loaded:
     compute: ComputeThreads  # the worker's own thread discipline: see compute_threads
 
 
-def load_runner(backend: str = "torch", device: str = "cpu") -> Loaded:
-    """The default model as a worker with `backend` on `device` loads it (float32, on its
+def load_runner(backend: str = "torch", device: str = "cpu", dtype: str = "float32") -> Loaded:
+    """The default model as a worker with `backend` on `device` in `dtype` loads it (on its
     stream-0 thread), so the offline arms and the servers compute with the same engine."""
     from common.settings import Settings
     from worker.loading import encoder_runner
@@ -51,7 +51,7 @@ def load_runner(backend: str = "torch", device: str = "cpu") -> Loaded:
     compute = ComputeThreads()
     compute.ensure(worker_parallelism(device).streams)
     files = describe(MODEL_NAME)
-    make = partial(encoder_runner, Settings(backend=backend, device=device), files)
+    make = partial(encoder_runner, Settings(backend=backend, device=device, dtype=dtype), files)
     return Loaded(compute.first.submit(make).result(), compute)
 
 

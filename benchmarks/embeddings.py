@@ -39,10 +39,12 @@ every arm sees one sample. The arms (`--arms`, default all):
 on that device, one compute stream as a worker there has, with `--warm-passes` (1 off the CPU)
 untimed passes over each offline plan first, so the offline figures leave out the per-shape
 kernel compilation and tuning a GPU does on first sight; infinity-emb is given the same device.
-`--max-batch-size` sets the servers' max_batch_size and the offline arms' cap together. A GPU
-computes in a blink what a CPU takes seconds for: give it more `--texts`, longer loads and
-more `--loadgen-procs`. The run ends by printing each microbatch arm's share of the offline
-limit and ceiling: the share of the device's own throughput the served path reaches.
+`--dtype bfloat16` runs the worker (its `dtype` setting), the offline arms and infinity-emb
+(its `--dtype`) in bfloat16. `--max-batch-size` sets the servers' max_batch_size and the
+offline arms' cap together. A GPU computes in a blink what a CPU takes seconds for: give it
+more `--texts`, longer loads and more `--loadgen-procs`. The run ends by printing each
+microbatch arm's share of the offline limit and ceiling: the share of the device's own
+throughput the served path reaches.
 
 Each server arm is loaded by a closed loop at 1 and 32 clients (wrk) and an open-loop Poisson
 run (`--loads`) offered `--open-factor` x the offline limit, so it saturates. Printed, and
@@ -121,6 +123,7 @@ class Config:
     quick: bool
     backend: str = "torch"  # microbatch's engine, in its servers and its offline arms alike
     device: str = "cpu"  # where microbatch's worker and the offline arms compute
+    dtype: str = "float32"  # what they compute in (infinity's --dtype too)
     max_batch_size: int | None = None  # the servers' max_batch_size; None: the worker's default
     warm_passes: int = 0  # untimed passes over each offline plan before the timed one
 
@@ -132,7 +135,7 @@ def run_offline(cfg: Config, workloads: dict[str, Workload], results: dict) -> N
         wanted = sorted(set(wanted) | {"offline-limit"}, key=OFFLINE_ARMS.index)
     if not wanted:
         return
-    loaded = offline.load_runner(cfg.backend, cfg.device)
+    loaded = offline.load_runner(cfg.backend, cfg.device, cfg.dtype)
     for mix, workload in workloads.items():
         tokens = workload.tokens
         # The limit is the best of a few padded-token caps per batch: on one thread per
@@ -243,6 +246,8 @@ def measure(
 def server_settings(cfg: Config) -> dict[str, object]:
     """The microbatch servers' settings this run sets (the rest are the worker's defaults)."""
     settings: dict[str, object] = {"backend": cfg.backend}
+    if cfg.dtype != "float32":
+        settings["dtype"] = cfg.dtype
     if cfg.device != "cpu":
         settings["device"] = cfg.device
     if cfg.max_batch_size is not None:
@@ -261,7 +266,9 @@ def start_server(arm: str, tmp: Path, cfg: Config) -> AbstractContextManager[Ser
     if arm == "redis":
         return microbatch_redis(arm, tmp, **settings)
     cut = 512 if arm == "infinity-512" else None
-    return infinity(arm, tmp, cfg.infinity_venv, default_model_path(), cut, cfg.device)
+    return infinity(
+        arm, tmp, cfg.infinity_venv, default_model_path(), cut, cfg.device, dtype=cfg.dtype
+    )
 
 
 def open_rate(cfg: Config, results: dict, mix: str) -> float:
@@ -391,6 +398,12 @@ def _parser() -> argparse.ArgumentParser:
         help="where microbatch's worker and the offline arms compute: cpu, cuda, cuda:1, ...",
     )
     p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="what microbatch's worker, the offline arms and infinity-emb compute in",
+    )
+    p.add_argument(
         "--warm-passes",
         type=int,
         help="untimed passes over each offline plan before the timed one (0; 1 off the CPU)",
@@ -418,6 +431,8 @@ def parse_args(argv: list[str] | None = None) -> Config:
             p.error(f"unknown {name} {unknown}; choose from {', '.join(known)}")
     if a.device != "cpu" and a.backend != "torch":
         p.error(f"--backend {a.backend} runs on the CPU; --device {a.device} needs --backend torch")
+    if a.dtype != "float32" and a.backend != "torch":
+        p.error(f"--dtype {a.dtype} needs --backend torch")
     if a.max_batch_size is not None and a.max_batch_size < 1:
         p.error("--max-batch-size must be at least 1")
     return Config(
@@ -441,6 +456,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
         quick=q,
         backend=a.backend,
         device=a.device,
+        dtype=a.dtype,
         max_batch_size=a.max_batch_size,
         warm_passes=a.warm_passes if a.warm_passes is not None else int(a.device != "cpu"),
     )
