@@ -54,7 +54,7 @@ class ClassifierRunner:
         model = AutoModelForSequenceClassification.from_pretrained(
             files.path, dtype=getattr(torch, dtype)
         ).to(self._device)
-        self._model = model.eval()
+        model.eval()
         # the weights' and the forward's, as loaded; answers are float32 whatever it is
         self.dtype = str(model.dtype).removeprefix("torch.")
         self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
