@@ -122,9 +122,12 @@ class Intake:
         return self._loop
 
     async def wait_changed(self, timeout_s: float | None) -> None:
+        """Until something changes or `timeout_s` passes. `asyncio.timeout`, not `wait_for`,
+        which would start a task on every call (several per batch)."""
         self.changed.clear()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.changed.wait()
 
     async def ensure_groups(self, stop: asyncio.Event) -> None:
         await until_ok(

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from common.buckets import bucket_for, parts
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from worker.embed.batching import Batch, Limits, Load, Wait, Waiting, next_batch
+from worker.embed.batching import Batch, Limits, Load, Wait, Waiting, in_order, next_batch
 from worker.embed.cost import Cost
 
 BUCKETS = [128, 256, 512]
@@ -133,6 +133,23 @@ def test_any_batch_respects_the_limits_and_stays_in_one_bucket(raw, now, size, b
     longest = max(by_key[k][1].n_tokens for k in decision.keys)
     assert decision.padded_tokens == longest * len(decision.keys)
     assert len(decision.keys) == 1 or decision.padded_tokens <= budget
+
+
+@given(queues_strategy, st.floats(0, 2), st.integers(1, 32), st.sampled_from([None, 0.01]))
+def test_queues_kept_in_length_order_decide_as_unordered_ones(raw, now, size, wait) -> None:
+    """A worker keeps its queues in length order so no decision sorts them: the decisions
+    must be the very ones the policy makes from queues in arrival order."""
+    limits = Limits(max_batch_size=size, max_batch_tokens=4096, max_wait_s=wait)
+    key = iter(range(10**6))
+    queues = {
+        b: [Waiting(next(key), min(n, b), at, p) for n, at, p in entries]
+        for b, entries in raw.items()
+    }
+    load = Load(Cost(0.004, 1e-5), {b: 300.0 for b in BUCKETS}, computing=1)
+    ordered = {b: in_order(q) for b, q in queues.items()}
+    assert next_batch(ordered, now, limits, load, ordered=True) == next_batch(
+        queues, now, limits, load
+    )
 
 
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=30))

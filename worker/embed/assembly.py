@@ -10,7 +10,6 @@ a crash before that leaves the whole entry pending for a peer. Pure: no I/O, no 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,21 +53,29 @@ class Assembly:
     def entry(self) -> RequestEntry:
         return self.held.entry  # type: ignore[return-value]
 
-    def started(self, n: int) -> None:
+    def started(self, n: int) -> bool:
+        """`n` of its rows went into a batch; True if they are its first to."""
+        first = not (self.computing or self.done)
         self.computing += n
+        return first
 
-    def filled(self, results: Iterator[tuple[int, object]], facts: BatchFacts) -> None:
-        """Rows of this entry that one batch computed: (row index, vector or exception)."""
-        for index, result in results:
-            self.computing -= 1
-            self.done += 1
+    def filled(self, indices: list[int], results: list[object], facts: BatchFacts) -> None:
+        """Rows of this entry that one batch computed: their indices in the entry, and each
+        one's vector or exception (a row's vector may be a view into the batch's output)."""
+        self.computing -= len(indices)
+        self.done += len(indices)
+        places, vectors = [], []
+        for index, result in zip(indices, results, strict=True):
             if isinstance(result, Exception):
                 self.failure = self.failure or result
-                continue
-            vector = np.asarray(result, dtype=np.float32)
+            else:
+                places.append(index)
+                vectors.append(result)
+        if vectors:
+            block = np.asarray(vectors, dtype=np.float32)  # one copy of all of them, in C
             if self.vectors is None:
-                self.vectors = np.empty((len(self.rows), vector.shape[-1]), np.float32)
-            self.vectors[index] = vector
+                self.vectors = np.empty((len(self.rows), block.shape[-1]), np.float32)
+            self.vectors[places] = block
         self.batch_ids.append(facts.batch_id)
         self.batch_size = max(self.batch_size, facts.size)
         self.compute_s += facts.compute_s

@@ -19,6 +19,7 @@ than running now), within a quarter of `latency_slo_s`. Batches never mix bucket
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -129,6 +130,12 @@ _BY_LENGTH = attrgetter("n_tokens", "arrived_s")
 _BY_ARRIVAL = attrgetter("arrived_s")
 
 
+def in_order(queue: Sequence[Waiting]) -> list[Waiting]:
+    """A queue in the order batches grow through it: by length, then arrival (stable, so rows
+    that tie stay in the order they were queued)."""
+    return sorted(queue, key=_BY_LENGTH)
+
+
 def _anchor(queue: Sequence[Waiting], now_s: float, limits: Limits) -> Waiting:
     """The oldest urgent entry, else the oldest: the oldest is urgent when it is interactive
     or starved, and when it is not starved none is, so then only priority makes one urgent
@@ -138,27 +145,6 @@ def _anchor(queue: Sequence[Waiting], now_s: float, limits: Limits) -> Waiting:
         return oldest
     interactive = [w for w in queue if w.priority == PRIORITY_INTERACTIVE]
     return min(interactive, key=_BY_ARRIVAL) if interactive else oldest
-
-
-@dataclass(slots=True)
-class _Growth:
-    """The batch growing around its anchor: a window of the length-ordered queue."""
-
-    ordered: list[Waiting]
-    lo: int
-    hi: int
-    real: int
-
-    @property
-    def size(self) -> int:
-        return self.hi - self.lo + 1
-
-    @property
-    def longest(self) -> int:
-        return self.ordered[self.hi].n_tokens
-
-    def members(self) -> list[Waiting]:
-        return self.ordered[self.lo : self.hi + 1]
 
 
 def _worth(real: int, padded: int, cost: Cost | None, limits: Limits) -> float:
@@ -171,44 +157,47 @@ def _worth(real: int, padded: int, cost: Cost | None, limits: Limits) -> float:
 
 
 def _take(
-    queue: Sequence[Waiting], anchor: Waiting, limits: Limits, cost: Cost | None
-) -> tuple[list[Waiting], str | None]:
-    """Grow a batch from the anchor through its neighbours in length order.
+    ordered: Sequence[Waiting], anchor: Waiting, limits: Limits, cost: Cost | None
+) -> tuple[Sequence[Waiting], str | None]:
+    """Grow a batch from the anchor through its neighbours in length order (`ordered` is the
+    bucket's queue in that order).
 
     Returns the members and what stopped the growth: "tokens" (padded budget), "split"
     (the next neighbour would make the batch worse), or None (size reached or queue empty).
+    Runs once per batch: plain locals, no per-step objects.
     """
-    ordered = sorted(queue, key=_BY_LENGTH)
-    at = next(i for i, w in enumerate(ordered) if w is anchor)  # identity: no __eq__ calls
-    grow = _Growth(ordered, at, at, anchor.n_tokens)
-    while grow.size < limits.max_batch_size:
-        options = []
-        if grow.lo > 0:  # shorter: the longest member stays
-            options.append((grow.lo - 1, grow.longest))
-        if grow.hi + 1 < len(ordered):  # longer: it becomes the longest
-            options.append((grow.hi + 1, ordered[grow.hi + 1].n_tokens))
-        if not options:
-            return grow.members(), None
-        current = _worth(grow.real, grow.longest * grow.size, cost, limits)
-        best: tuple[float, int] | None = None
-        over_budget = False
-        for index, longest in options:
-            padded = longest * (grow.size + 1)
-            if padded > limits.max_batch_tokens:
+    at = bisect_left(ordered, _BY_LENGTH(anchor), key=_BY_LENGTH)
+    while ordered[at] is not anchor:  # identity: rows of one entry tie on length and arrival
+        at += 1
+    lo = hi = at
+    real = longest = anchor.n_tokens
+    size, end = 1, len(ordered)
+    budget = limits.max_batch_tokens
+    while size < limits.max_batch_size:
+        if lo == 0 and hi + 1 == end:
+            return ordered[lo : hi + 1], None
+        current = _worth(real, longest * size, cost, limits)
+        best, best_worth, over_budget = -1, 0.0, False
+        # shorter: the longest member stays; longer: it becomes the longest
+        for index in (lo - 1, hi + 1):
+            if index < 0 or index == end:
+                continue
+            padded = max(longest, ordered[index].n_tokens) * (size + 1)
+            if padded > budget:
                 over_budget = True
                 continue
-            worth = _worth(grow.real + ordered[index].n_tokens, padded, cost, limits)
+            worth = _worth(real + ordered[index].n_tokens, padded, cost, limits)
             # With a cost model, a member joins only if the batch gets no worse; without one,
             # while padding stays within the limit.
             acceptable = worth >= current if cost is not None else worth > float("-inf")
-            if acceptable and (best is None or worth > best[0]):
-                best = (worth, index)
-        if best is None:
-            return grow.members(), "tokens" if over_budget else "split"
-        index = best[1]
-        grow.real += ordered[index].n_tokens
-        grow.lo, grow.hi = min(grow.lo, index), max(grow.hi, index)
-    return grow.members(), None
+            if acceptable and (best < 0 or worth > best_worth):
+                best, best_worth = index, worth
+        if best < 0:
+            return ordered[lo : hi + 1], "tokens" if over_budget else "split"
+        joining = ordered[best].n_tokens
+        real, longest, size = real + joining, max(longest, joining), size + 1
+        lo, hi = min(lo, best), max(hi, best)
+    return ordered[lo : hi + 1], None
 
 
 def _auto_wait_until(
@@ -230,7 +219,7 @@ def _auto_wait_until(
     gap_s = 1.0 / rate
     if gap_s >= cost.fixed_s / size:
         return None
-    oldest = min(w.arrived_s for w in queue)
+    oldest = min(queue, key=_BY_ARRIVAL).arrived_s
     limit_s = oldest + limits.latency_slo_s / 4
     until = min(now_s + gap_s, limit_s)
     return until if until > now_s else None
@@ -241,9 +230,11 @@ def next_batch(
     now_s: float,
     limits: Limits,
     load: Load | None = None,
+    ordered: bool = False,
 ) -> Batch | Wait:
     """Pick the ready bucket whose anchor is most urgent: interactive (or starved) first, then
-    the one waiting longest."""
+    the one waiting longest. `ordered`: each queue is already in length order (`in_order`), as
+    a worker keeps it, so a decision costs no sort of everything queued."""
     load = load or Load()
     best: tuple[tuple[bool, float], Batch] | None = None
     wake: float | None = None
@@ -252,7 +243,8 @@ def next_batch(
             continue
         anchor = _anchor(queue, now_s, limits)
         urgent = _urgent(anchor, now_s, limits)
-        members, stopped = _take(queue, anchor, limits, load.cost_for(bucket))
+        by_length = queue if ordered else in_order(queue)
+        members, stopped = _take(by_length, anchor, limits, load.cost_for(bucket))
         if len(members) == limits.max_batch_size:
             trigger = "size"
         elif stopped is not None:
@@ -267,7 +259,7 @@ def next_batch(
             trigger = waited
         batch = Batch(
             bucket=bucket,
-            keys=tuple(w.key for w in sorted(members, key=lambda w: w.arrived_s)),
+            keys=tuple(w.key for w in sorted(members, key=_BY_ARRIVAL)),
             padded_tokens=max(w.n_tokens for w in members) * len(members),
             real_tokens=sum(w.n_tokens for w in members),
             trigger=trigger,
@@ -282,7 +274,7 @@ def _wait_trigger(
     queue: Sequence[Waiting], size: int, now_s: float, limits: Limits, load: Load, bucket: int
 ) -> tuple[str | None, float]:
     """("wait", now) when the wait is over; (None, wake time) while it goes on."""
-    oldest = min(w.arrived_s for w in queue)
+    oldest = min(queue, key=_BY_ARRIVAL).arrived_s
     if limits.max_wait_s is not None:
         deadline = oldest + limits.max_wait_s
         return ("wait", now_s) if now_s >= deadline else (None, deadline)

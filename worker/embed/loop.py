@@ -18,13 +18,16 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from typing import NamedTuple
+
+from prometheus_client import Histogram
 
 from common import metrics
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
 from worker.embed.assembly import Assembly, BatchFacts
-from worker.embed.batching import Batch, Limits, Load, Waiting, next_batch
+from worker.embed.batching import Batch, Limits, Load, Waiting, in_order, next_batch
 from worker.embed.cost import Observations
 from worker.embed.parallelism import Parallelism
 from worker.embed.runners.base import Runner
@@ -57,8 +60,10 @@ class EmbedLoop:
         self._model = intake.model
         self._limits = Limits.from_settings(settings)
         self._queues: dict[int, dict[int, Row]] = {b: {} for b in settings.buckets}
-        # what the policy sees of each queued row, made once when it arrives
-        self._views: dict[int, dict[int, Waiting]] = {b: {} for b in settings.buckets}
+        # what the policy sees of each queued row, made once when it arrives, kept in the
+        # order batches grow through (length, then arrival): no decision sorts the queue
+        self._views: dict[int, list[Waiting]] = {b: [] for b in settings.buckets}
+        self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
         self._rows_per_entry = 1.0
         self._seq = itertools.count()
@@ -72,6 +77,7 @@ class EmbedLoop:
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
         self._observed = Observations(settings.buckets)
+        self._by_bucket: dict[int, _Series] = {}
         self._rate = ServiceRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
         intake.feed(self)
@@ -113,7 +119,8 @@ class EmbedLoop:
         for index, row in enumerate(assembly.rows):
             key = next(self._seq)
             queue[key] = (assembly, index)
-            views[key] = Waiting(key, len(row), held.arrived_s, priority)
+            views.append(Waiting(key, len(row), held.arrived_s, priority))
+        self._unsorted.add(held.bucket)
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n)
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
@@ -153,7 +160,7 @@ class EmbedLoop:
         running = [threads for threads, _, _ in self._computing.values()]
         if len(running) >= self._parallel.streams:
             return None
-        decision = next_batch(self._snapshot(), self._clock(), limits, self._load())
+        decision = next_batch(self._in_order(), self._clock(), limits, self._load(), ordered=True)
         if isinstance(decision, Batch):
             more_held = self.held > len(decision.keys)
             threads = self._parallel.threads_for(running, more_held)
@@ -168,8 +175,20 @@ class EmbedLoop:
             return None
         return max(1e-9, decision.until_s - self._clock())
 
-    def _snapshot(self) -> dict[int, list[Waiting]]:
-        return {bucket: list(views.values()) for bucket, views in self._views.items()}
+    def _in_order(self) -> dict[int, list[Waiting]]:
+        """Each bucket's queue in length order; new rows were appended, so the sort merges
+        two ordered runs (linear), and only where rows arrived."""
+        for bucket in self._unsorted:
+            self._views[bucket] = in_order(self._views[bucket])
+        self._unsorted.clear()
+        return self._views
+
+    def _unqueue(self, bucket: int, keys: set[int]) -> None:
+        """Take these rows off a bucket's queue (the order of the rest stays)."""
+        queue = self._queues[bucket]
+        for key in keys:
+            del queue[key]
+        self._views[bucket] = [w for w in self._views[bucket] if w.key not in keys]
 
     def _load(self) -> Load:
         """Arrival rates, and the batch cost at the thread count batches get under load."""
@@ -193,10 +212,9 @@ class EmbedLoop:
         for assembly in dropped:
             assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
             queue = self._queues[assembly.held.bucket]
-            views = self._views[assembly.held.bucket]
-            for key in [k for k, (a, _) in queue.items() if a is assembly]:
-                del queue[key], views[key]
-                skipped += 1
+            keys = {k for k, (a, _) in queue.items() if a is assembly}
+            self._unqueue(assembly.held.bucket, keys)
+            skipped += len(keys)
         metrics.cancelled_total.inc(skipped)
         replies, done = self._settle(dropped, now_ms)
         await self._intake.publish(replies, done)
@@ -220,15 +238,18 @@ class EmbedLoop:
     def _start_batch(self, batch: Batch, threads: int, stream: int) -> None:
         """Take the batch's rows off the queues now, so the next decision cannot pick them
         again, and compute it beside any other running batch."""
-        queue, views = self._queues[batch.bucket], self._views[batch.bucket]
-        members = [queue.pop(key) for key in batch.keys]
-        for key in batch.keys:
-            del views[key]
-        for assembly, _ in members:
-            assembly.started(1)
+        queue = self._queues[batch.bucket]
+        members = [queue[key] for key in batch.keys]
+        self._unqueue(batch.bucket, set(batch.keys))
+        entries = _by_entry(members)
+        now_ms = wall_ms()
+        queue_wait = self._series(batch.bucket).queue_wait
+        for assembly, indices, _ in entries:
+            if assembly.started(len(indices)):  # an entry's wait ends with its first batch
+                queue_wait.observe(max(0, now_ms - assembly.entry.enqueued_ms) / 1000)
         self._intake.changed.set()  # room for the reader
         task = spawn_supervised(
-            "batch", self._run_batch(batch, members, threads, stream), self._batch_ended
+            "batch", self._run_batch(batch, members, entries, threads, stream), self._batch_ended
         )
         self._computing[task] = (threads, self._clock(), stream)
         task.add_done_callback(self._forget)
@@ -241,7 +262,9 @@ class EmbedLoop:
         if exc is not None:
             self._intake.crash(exc)
 
-    async def _run_batch(self, batch: Batch, members: list[Row], threads: int, stream: int) -> None:
+    async def _run_batch(
+        self, batch: Batch, members: list[Row], entries: list[_Part], threads: int, stream: int
+    ) -> None:
         start_ms = wall_ms()
         t0 = time.perf_counter()
         rows = [a.rows[i] for a, i in members]
@@ -251,41 +274,46 @@ class EmbedLoop:
             work = functools.partial(self._profiler.run, "embed", profiled, work)
         results = await asyncio.wrap_future(self._compute.submit(stream, work))
         compute_s = time.perf_counter() - t0
+        if len(results) != len(members):  # a runner bug: stop the worker, lose nothing
+            raise ValueError(f"runner returned {len(results)} results for {len(members)} rows")
         self._observe(batch, members, compute_s, start_ms, threads)
         facts = BatchFacts(
             f"{self._intake.name}:{next(self._batch_ids)}", len(members), start_ms, compute_s
         )
-        by_entry: dict[int, list[tuple[int, object]]] = {}
-        for (assembly, index), result in zip(members, results, strict=True):
-            by_entry.setdefault(id(assembly), []).append((index, result))
-            if isinstance(result, Exception):
-                log.error(
-                    "input failed: %r",
-                    result,
-                    extra={"request_id": assembly.entry.request_id, "entry": assembly.entry.id},
-                )
-        assemblies = list({id(a): a for a, _ in members}.values())
-        for assembly in assemblies:
-            assembly.filled(iter(by_entry[id(assembly)]), facts)
-        replies, done = self._settle(assemblies, wall_ms())
+        for assembly, indices, places in entries:
+            ours = [results[place] for place in places]
+            for result in ours:
+                if isinstance(result, Exception):
+                    log.error(
+                        "input failed: %r",
+                        result,
+                        extra={"request_id": assembly.entry.request_id, "entry": assembly.entry.id},
+                    )
+            assembly.filled(indices, ours, facts)
+        replies, done = self._settle([assembly for assembly, _, _ in entries], wall_ms())
         if done:
             self._intake.publish_soon(replies, done)
         self.batches_run += 1
 
+    def _series(self, bucket: int) -> _Series:
+        """The bucket's metric series, looked up once (a label lookup costs a few us)."""
+        series = self._by_bucket.get(bucket)
+        if series is None:
+            labels = (self._model, str(bucket))
+            series = _Series(*(m.labels(*labels) for m in _SERIES_METRICS))
+            self._by_bucket[bucket] = series
+        return series
+
     def _observe(
         self, batch: Batch, members: list[Row], compute_s: float, start_ms: int, threads: int
     ) -> None:
-        labels = (self._model, str(batch.bucket))
-        metrics.batch_size.labels(*labels).observe(len(members))
-        metrics.batch_tokens.labels(*labels).observe(batch.padded_tokens)
-        metrics.padding_ratio.labels(*labels).observe(1 - batch.real_tokens / batch.padded_tokens)
-        metrics.compute_seconds.labels(*labels).observe(compute_s)
+        series = self._series(batch.bucket)
+        series.batch_size.observe(len(members))
+        series.batch_tokens.observe(batch.padded_tokens)
+        series.padding_ratio.observe(1 - batch.real_tokens / batch.padded_tokens)
+        series.compute_seconds.observe(compute_s)
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
         self._rate.observe(len(members), compute_s)
-        waits_ms = [max(0, start_ms - a.entry.enqueued_ms) for a, _ in members]
-        queue_wait = metrics.queue_wait_seconds.labels(*labels)  # one lookup, not one per row
-        for wait_ms in waits_ms:
-            queue_wait.observe(wait_ms / 1000)
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "batch",
@@ -296,7 +324,7 @@ class EmbedLoop:
                     "padded_tokens": batch.padded_tokens,
                     "real_tokens": batch.real_tokens,
                     "trigger": batch.trigger,
-                    "max_wait_ms": max(waits_ms),
+                    "max_wait_ms": max(start_ms - a.entry.enqueued_ms for a, _ in members),
                     "compute_ms": round(compute_s * 1000, 2),
                     "request_ids": sorted({a.entry.request_id for a, _ in members}),
                 },
@@ -325,3 +353,36 @@ def _profile_facts(
         "queue_wait_ms_max": max(waits_ms),
         "queue_wait_ms_mean": round(sum(waits_ms) / len(waits_ms), 1),
     }
+
+
+_Part = tuple[Assembly, list[int], list[int]]  # an entry, its rows' indices, their places
+
+
+def _by_entry(members: list[Row]) -> list[_Part]:
+    """A batch's members grouped by entry: each entry's row indices and where those rows sit
+    in the batch, so a batch's results are handed over an entry at a time."""
+    parts: dict[int, _Part] = {}
+    for place, (assembly, index) in enumerate(members):
+        part = parts.get(id(assembly))
+        if part is None:
+            part = parts[id(assembly)] = (assembly, [], [])
+        part[1].append(index)
+        part[2].append(place)
+    return list(parts.values())
+
+
+class _Series(NamedTuple):
+    batch_size: Histogram
+    batch_tokens: Histogram
+    padding_ratio: Histogram
+    compute_seconds: Histogram
+    queue_wait: Histogram
+
+
+_SERIES_METRICS = (
+    metrics.batch_size,
+    metrics.batch_tokens,
+    metrics.padding_ratio,
+    metrics.compute_seconds,
+    metrics.queue_wait_seconds,
+)
