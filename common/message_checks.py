@@ -1,12 +1,15 @@
-"""What a message's field types cannot say: that its byte fields and counts agree.
+"""A message's checks: its field types, and what they cannot say (byte fields and counts agree).
 
-`protocol.decode` calls `check_consistent` once the field set and types are checked, so a
-malformed entry is a `ProtocolError` the worker dead-letters, never an exception in the
-middle of a batch. Checks go by the message's tag; the classes stay in `protocol`.
+`protocol.decode` checks the field set and each field's type (`check_field`, against what
+`field_types` read from the dataclass), then calls `check_consistent`, so a malformed entry
+is a `ProtocolError` the worker dead-letters, never an exception in the middle of a batch.
+Checks go by the message's tag; the classes stay in `protocol`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,40 @@ class ProtocolError(ValueError):
     """Bytes that are not a valid message of this version; the entry is dead-lettered."""
 
 
+def field_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """isinstance() targets per field; a `list[X]` field is checked as list, then its items
+    as X; a `dict[str, str]` as dict, then its keys and values as str."""
+    hints = typing.get_type_hints(cls)
+    allowed: dict[str, tuple[type, ...]] = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        if hint is float:
+            allowed[field.name] = (float, int)
+        elif typing.get_origin(hint) is list:
+            allowed[field.name] = (list, typing.get_args(hint)[0])
+        elif typing.get_origin(hint) is dict:
+            allowed[field.name] = (dict, str)
+        else:
+            allowed[field.name] = (hint,)
+    return allowed
+
+
+def check_field(tag: str, name: str, value: object, allowed: tuple[type, ...]) -> None:
+    if allowed[0] in (list, dict):
+        container, item = allowed
+        if not isinstance(value, list | dict) or not isinstance(value, container):
+            raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+        items = [*value, *value.values()] if isinstance(value, dict) else value
+        if not all(isinstance(i, item) and not isinstance(i, bool) for i in items):
+            raise ProtocolError(f"{tag}.{name}: items must be {_NAMES.get(item, item.__name__)}")
+        return
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
+
+
+_NAMES = {str: "strings", int: "integers"}
+
+
 def check_consistent(tag: str, message: Any) -> None:
     if tag in ("req", "genreq") and (not message.tokens or len(message.tokens) % 4):
         raise ProtocolError(f"{tag}.tokens: {len(message.tokens)} bytes is not a uint32 list")
@@ -28,6 +65,10 @@ def check_consistent(tag: str, message: Any) -> None:
 
 
 def _check_rows(entry: Any) -> None:
+    if len(entry.lengths) == 4:  # one row, the common case: no array for it
+        if int.from_bytes(entry.lengths, "little") != entry.n_tokens:
+            raise ProtocolError("req.lengths: every row has tokens, and they add up to tokens")
+        return  # and tokens is not empty: `check_consistent` saw to that
     n = len(entry.lengths) // 4
     if not 0 < n <= MAX_ENTRY_ROWS or len(entry.lengths) % 4:
         raise ProtocolError(f"req.lengths: 1 to {MAX_ENTRY_ROWS} uint32 row lengths")

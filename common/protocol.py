@@ -19,7 +19,7 @@ import numpy as np
 from common.message_checks import MAX_ENTRY_ROWS as MAX_ENTRY_ROWS
 from common.message_checks import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
 from common.message_checks import ProtocolError as ProtocolError
-from common.message_checks import check_consistent
+from common.message_checks import check_consistent, check_field, field_types
 
 VERSION = 5  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
 # 4: prompt tokens served from the prefix cache; 5: one encoder entry and reply per request part
@@ -73,6 +73,8 @@ class RequestEntry(_Tokens):
     @property
     def longest(self) -> int:
         """Its longest row's tokens: what its bucket and the model's limit are judged by."""
+        if len(self.lengths) == 4:  # one row, the common case: no array for it
+            return int.from_bytes(self.lengths, "little")
         return int(self.row_lengths().max())
 
     def rows(self) -> list[np.ndarray]:
@@ -295,47 +297,25 @@ _CLASSES: dict[str, type[Message]] = {
 }
 
 
-def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
-    """isinstance() targets per field; a `list[X]` field is checked as list, then its items
-    as X; a `dict[str, str]` as dict, then its keys and values as str."""
-    hints = typing.get_type_hints(cls)
-    allowed: dict[str, tuple[type, ...]] = {}
-    for field in dataclasses.fields(cls):
-        hint = hints[field.name]
-        if hint is float:
-            allowed[field.name] = (float, int)
-        elif typing.get_origin(hint) is list:
-            allowed[field.name] = (list, typing.get_args(hint)[0])
-        elif typing.get_origin(hint) is dict:
-            allowed[field.name] = (dict, str)
-        else:
-            allowed[field.name] = (hint,)
-    return allowed
+_SCHEMAS = {tag: field_types(cls) for tag, cls in _CLASSES.items()}
+# per field, the exact types that pass `_check_field` at a glance (msgpack makes exact
+# builtins); anything else, and every list or map, takes the full check
+_PLAIN = {
+    tag: {
+        name: frozenset() if allowed[0] in (list, dict) else frozenset(allowed)
+        for name, allowed in schema.items()
+    }
+    for tag, schema in _SCHEMAS.items()
+}
 
 
-def _check_field(tag: str, name: str, value: object, allowed: tuple[type, ...]) -> None:
-    if allowed[0] in (list, dict):
-        container, item = allowed
-        if not isinstance(value, list | dict) or not isinstance(value, container):
-            raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
-        items = [*value, *value.values()] if isinstance(value, dict) else value
-        if not all(isinstance(i, item) and not isinstance(i, bool) for i in items):
-            raise ProtocolError(f"{tag}.{name}: items must be {_NAMES.get(item, item.__name__)}")
-        return
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        raise ProtocolError(f"{tag}.{name}: unexpected type {type(value).__name__}")
-
-
-_NAMES = {str: "strings", int: "integers"}
-
-
-_SCHEMAS = {tag: _field_types(cls) for tag, cls in _CLASSES.items()}
+_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES.values()}
 
 
 def encode(message: Message) -> bytes:
     body = {"t": message.TAG}
-    for field in dataclasses.fields(message):
-        body[field.name] = getattr(message, field.name)
+    for name in _FIELDS[type(message)]:
+        body[name] = getattr(message, name)
     packed: bytes = msgpack.packb(body, use_bin_type=True)
     return packed
 
@@ -372,12 +352,13 @@ def _build(body: object) -> Message:
         raise ProtocolError(f"unknown message tag {tag!r}")
     if body.get("v") != VERSION:
         raise ProtocolError(f"unsupported {tag} version {body.get('v')!r}, expected {VERSION}")
-    schema = _SCHEMAS[tag]
+    schema, plain = _SCHEMAS[tag], _PLAIN[tag]
     if body.keys() != schema.keys():
         missing, extra = schema.keys() - body.keys(), body.keys() - schema.keys()
         raise ProtocolError(f"{tag}: missing fields {sorted(missing)}, unknown {sorted(extra)}")
     for name, value in body.items():
-        _check_field(tag, name, value, schema[name])
+        if type(value) not in plain[name]:
+            check_field(tag, name, value, schema[name])
     message = cls(**body)
     check_consistent(tag, message)
     return message

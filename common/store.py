@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
@@ -17,6 +18,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import (
     AuthenticationError,
     BusyLoadingError,
+    DataError,
     RedisClusterException,
     ResponseError,
 )
@@ -49,11 +51,45 @@ def open_store(settings: Settings, *, max_connections: int = 64) -> Store:
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
     )
+    pool.connection_class = _packed_by_hiredis(pool.connection_class)
     return Redis(
         connection_pool=pool,
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries=3),
         retry_on_error=[BusyLoadingError, RedisConnectionError, RedisTimeoutError],
     )
+
+
+def _pack(args: tuple) -> bytes:
+    """One command in RESP, packed in C; its first argument split on spaces ("CLIENT SETNAME")
+    as redis-py's own packer splits it."""
+    name = args[0]
+    if isinstance(name, str):
+        args = (*name.encode().split(), *args[1:])
+    elif b" " in name:
+        args = (*name.split(), *args[1:])
+    try:
+        return hiredis.pack_command(args)
+    except TypeError as exc:  # None, bool, ...: what redis-py's encoder refuses too
+        raise DataError(str(exc)) from None
+
+
+class _HiredisPacking:
+    """Commands packed by hiredis, as redis-py's sync client packs them when hiredis is
+    installed; its asyncio client packs in Python, which cost a worker about a sixth of its
+    CPU per single-text request under load (cProfile, wrk at 64 connections). The bytes are
+    the same."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return [_pack(args)]
+
+    def pack_commands(self, commands: Any) -> list[bytes]:
+        return [b"".join(_pack(tuple(command)) for command in commands)]
+
+
+def _packed_by_hiredis(connection_class: type) -> type:
+    """The pool's connection class (TCP, TLS or unix socket, as the URL chose it) with
+    commands packed by hiredis."""
+    return type(f"Hiredis{connection_class.__name__}", (_HiredisPacking, connection_class), {})
 
 
 class ClusterUnavailable(RedisConnectionError):

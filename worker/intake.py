@@ -125,6 +125,9 @@ class Intake:
         """Until something changes or `timeout_s` passes. `asyncio.timeout`, not `wait_for`,
         which would start a task on every call (several per batch)."""
         self.changed.clear()
+        if timeout_s is None:
+            await self.changed.wait()
+            return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 await self.changed.wait()

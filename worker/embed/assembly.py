@@ -64,6 +64,10 @@ class Assembly:
         one's vector or exception (a row's vector may be a view into the batch's output)."""
         self.computing -= len(indices)
         self.done += len(indices)
+        self._facts(facts)
+        if len(self.rows) == 1 and not isinstance(results[0], Exception):  # one text: no copy
+            self.vectors = np.asarray(results[0], dtype=np.float32).reshape(1, -1)
+            return
         places, vectors = [], []
         for index, result in zip(indices, results, strict=True):
             if isinstance(result, Exception):
@@ -76,6 +80,8 @@ class Assembly:
             if self.vectors is None:
                 self.vectors = np.empty((len(self.rows), block.shape[-1]), np.float32)
             self.vectors[places] = block
+
+    def _facts(self, facts: BatchFacts) -> None:
         self.batch_ids.append(facts.batch_id)
         self.batch_size = max(self.batch_size, facts.size)
         self.compute_s += facts.compute_s

@@ -127,7 +127,7 @@ def _urgent(w: Waiting, now_s: float, limits: Limits) -> bool:
 
 
 _BY_LENGTH = attrgetter("n_tokens", "arrived_s")
-_BY_ARRIVAL = attrgetter("arrived_s")
+_BY_ARRIVAL = attrgetter("arrived_s", "key")  # ties (rows of one entry): queue order
 
 
 def in_order(queue: Sequence[Waiting]) -> list[Waiting]:

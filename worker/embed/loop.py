@@ -16,11 +16,9 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable
-from typing import NamedTuple
-
-from prometheus_client import Histogram
 
 from common import metrics
 from common.settings import Settings
@@ -29,6 +27,7 @@ from worker.compute_threads import ComputeThreads, free_stream
 from worker.embed.assembly import Assembly, BatchFacts
 from worker.embed.batching import Batch, Limits, Load, Waiting, in_order, next_batch
 from worker.embed.cost import Observations
+from worker.embed.metrics import BatchMetrics
 from worker.embed.parallelism import Parallelism
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
@@ -65,6 +64,9 @@ class EmbedLoop:
         self._views: dict[int, list[Waiting]] = {b: [] for b in settings.buckets}
         self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
+        # what `_drop_unwanted` last looked at: the cancel set, and the next deadline due
+        self._cancelled_seen: set[str] | None = None
+        self._next_deadline_ms: float = math.inf
         self._rows_per_entry = 1.0
         self._seq = itertools.count()
         self._batch_ids = itertools.count()
@@ -77,7 +79,7 @@ class EmbedLoop:
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
         self._observed = Observations(settings.buckets)
-        self._by_bucket: dict[int, _Series] = {}
+        self._metrics = BatchMetrics(self._model)
         self._rate = ServiceRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
         intake.feed(self)
@@ -123,6 +125,9 @@ class EmbedLoop:
         self._unsorted.add(held.bucket)
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n)
+        self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
+        if assembly.entry.id in self._intake.cancelled:
+            self._cancelled_seen = None  # cancelled before it arrived: look at once
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
 
     def live_limits(self, overrides: dict[str, str]) -> None:
@@ -201,16 +206,24 @@ class EmbedLoop:
         whose deadline passed while they waited here (answered 504), once none of their rows
         is computing (read early, within `sort_window`)."""
         cancelled, now_ms = self._intake.cancelled, wall_ms()
+        if cancelled is self._cancelled_seen and now_ms < self._next_deadline_ms:
+            return  # no new cancellations and no deadline passed: nothing to look for
+        self._cancelled_seen = cancelled
         dropped = [
             a
             for a in self._entries.values()
             if not a.dropped and (a.entry.id in cancelled or a.entry.deadline_ms <= now_ms)
         ]
+        for assembly in dropped:
+            assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
+        self._next_deadline_ms = min(
+            (a.entry.deadline_ms for a in self._entries.values() if not a.dropped),
+            default=math.inf,
+        )
         if not dropped:
             return
         skipped = 0  # rows that will never compute
         for assembly in dropped:
-            assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
             queue = self._queues[assembly.held.bucket]
             keys = {k for k, (a, _) in queue.items() if a is assembly}
             self._unqueue(assembly.held.bucket, keys)
@@ -243,7 +256,7 @@ class EmbedLoop:
         self._unqueue(batch.bucket, set(batch.keys))
         entries = _by_entry(members)
         now_ms = wall_ms()
-        queue_wait = self._series(batch.bucket).queue_wait
+        queue_wait = self._metrics.of(batch.bucket).queue_wait
         for assembly, indices, _ in entries:
             if assembly.started(len(indices)):  # an entry's wait ends with its first batch
                 queue_wait.observe(max(0, now_ms - assembly.entry.enqueued_ms) / 1000)
@@ -295,19 +308,10 @@ class EmbedLoop:
             self._intake.publish_soon(replies, done)
         self.batches_run += 1
 
-    def _series(self, bucket: int) -> _Series:
-        """The bucket's metric series, looked up once (a label lookup costs a few us)."""
-        series = self._by_bucket.get(bucket)
-        if series is None:
-            labels = (self._model, str(bucket))
-            series = _Series(*(m.labels(*labels) for m in _SERIES_METRICS))
-            self._by_bucket[bucket] = series
-        return series
-
     def _observe(
         self, batch: Batch, members: list[Row], compute_s: float, start_ms: int, threads: int
     ) -> None:
-        series = self._series(batch.bucket)
+        series = self._metrics.of(batch.bucket)
         series.batch_size.observe(len(members))
         series.batch_tokens.observe(batch.padded_tokens)
         series.padding_ratio.observe(1 - batch.real_tokens / batch.padded_tokens)
@@ -369,20 +373,3 @@ def _by_entry(members: list[Row]) -> list[_Part]:
         part[1].append(index)
         part[2].append(place)
     return list(parts.values())
-
-
-class _Series(NamedTuple):
-    batch_size: Histogram
-    batch_tokens: Histogram
-    padding_ratio: Histogram
-    compute_seconds: Histogram
-    queue_wait: Histogram
-
-
-_SERIES_METRICS = (
-    metrics.batch_size,
-    metrics.batch_tokens,
-    metrics.padding_ratio,
-    metrics.compute_seconds,
-    metrics.queue_wait_seconds,
-)
