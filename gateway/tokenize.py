@@ -7,7 +7,8 @@ small thread pool, where `tokenizers` releases the GIL, so a busy event loop nev
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -198,6 +199,7 @@ class TokenizePool:
 
     def __init__(self, inline_chars: int, threads: int = 2) -> None:
         self._inline_chars = inline_chars
+        self._threads = threads
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="tokenize")
 
     async def encode(
@@ -214,6 +216,41 @@ class TokenizePool:
             chars, tokenizer.encode_texts, texts, truncate, check, direction, offset
         )
 
+    async def encode_blocks(
+        self,
+        tokenizer: ModelTokenizer,
+        texts: Sequence[str],
+        size: int,
+        truncate: bool,
+        direction: str = "right",
+    ) -> AsyncIterator[list[np.ndarray]]:
+        """Token ids of `texts`, `size` at a time, in order, with as many blocks in flight as
+        the pool has threads: a bulk request's blocks tokenize side by side (as TEI spreads
+        inputs over its tokenizer workers), each on one core, while the ones before them are
+        queued. Blocks not yet taken when the caller stops are cancelled."""
+        loop = asyncio.get_running_loop()
+        starts = iter(range(0, len(texts), size))
+        flight: deque[asyncio.Future] = deque()
+
+        def launch() -> None:
+            start = next(starts, None)
+            if start is not None:
+                block = texts[start : start + size]
+                work = self.encode(tokenizer, block, truncate, True, direction, offset=start)
+                flight.append(loop.create_task(work))
+
+        try:
+            for _ in range(self._threads):
+                launch()
+            while flight:
+                block = await flight.popleft()
+                launch()
+                yield block
+        finally:
+            for task in flight:
+                task.cancel()
+                task.add_done_callback(_retrieve)
+
     async def run(self, chars: int, fn, *args):
         """`fn(*args)` inline when `chars` is small, else on the pool."""
         if chars <= self._inline_chars:
@@ -222,3 +259,9 @@ class TokenizePool:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    """A cancelled block's outcome, read so that nothing reports it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

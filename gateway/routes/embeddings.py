@@ -77,15 +77,13 @@ async def embedding_rows(
     return await token_lists(services, parsed.model, data, truncate=truncate, direction=direction)
 
 
-async def _blocks(
+def _blocks(
     parsed: Parsed, texts: list[str], truncate: bool, direction: str
 ) -> AsyncIterator[list[np.ndarray]]:
-    size, tokenizer = parsed.services.settings.max_entry_rows, parsed.model.tokenizer
-    for start in range(0, len(texts), size):
-        block = texts[start : start + size]
-        yield await parsed.services.tokenize.encode(
-            tokenizer, block, truncate, True, direction, offset=start
-        )
+    services = parsed.services
+    return services.tokenize.encode_blocks(
+        parsed.model.tokenizer, texts, services.settings.max_entry_rows, truncate, direction
+    )
 
 
 def base64_rows(vectors: np.ndarray) -> list[str]:
