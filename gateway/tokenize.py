@@ -7,8 +7,9 @@ small thread pool, where `tokenizers` releases the GIL, so a busy event loop nev
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -227,8 +228,7 @@ class TokenizePool:
         """Token ids of `texts`, `size` at a time, in order, with as many blocks in flight as
         the pool has threads: a bulk request's blocks tokenize side by side (as TEI spreads
         inputs over its tokenizer workers), each on one core, while the ones before them are
-        queued. Blocks not yet taken when the caller stops are cancelled."""
-        loop = asyncio.get_running_loop()
+        queued. A block not yet started when the caller stops never runs."""
         starts = iter(range(0, len(texts), size))
         flight: deque[asyncio.Future] = deque()
 
@@ -236,8 +236,9 @@ class TokenizePool:
             start = next(starts, None)
             if start is not None:
                 block = texts[start : start + size]
-                work = self.encode(tokenizer, block, truncate, True, direction, offset=start)
-                flight.append(loop.create_task(work))
+                encode = tokenizer.encode_texts
+                work = functools.partial(encode, block, truncate, True, direction, start)
+                flight.append(self._start(work, sum(len(t) for t in block)))
 
         try:
             for _ in range(self._threads):
@@ -247,9 +248,21 @@ class TokenizePool:
                 launch()
                 yield block
         finally:
-            for task in flight:
-                task.cancel()
-                task.add_done_callback(_retrieve)
+            for future in flight:
+                future.cancel()
+                future.add_done_callback(_retrieve)
+
+    def _start(self, work: Callable[[], list[np.ndarray]], chars: int) -> asyncio.Future:
+        """`work()` as a future: done at once when cheap (`chars` few), else on the pool."""
+        loop = asyncio.get_running_loop()
+        if chars > self._inline_chars:
+            return loop.run_in_executor(self._executor, work)
+        future = loop.create_future()
+        try:
+            future.set_result(work())
+        except Exception as exc:  # a bad input: raised where the block is awaited, in order
+            future.set_exception(exc)
+        return future
 
     async def run(self, chars: int, fn, *args):
         """`fn(*args)` inline when `chars` is small, else on the pool."""
@@ -261,7 +274,7 @@ class TokenizePool:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def _retrieve(task: asyncio.Future) -> None:
-    """A cancelled block's outcome, read so that nothing reports it as never retrieved."""
-    if not task.cancelled():
-        task.exception()
+def _retrieve(future: asyncio.Future) -> None:
+    """A dropped block's outcome, read so that nothing reports it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
