@@ -17,6 +17,8 @@ side in the same run) it measures:
 - wrk, one connection: the mean round trip, and Redis commands per request;
 - `--processes 2` against 1 (where the tree has the option): wrk at 64 connections;
 - the tokenizer alone on the bulk request's texts: the floor under the bulk rows;
+- a worker alone draining `--drain-entries` one-text entries (`worker_drain.py`): its CPU per
+  entry, which caps one worker's entries per second on any device;
 - during the 64-connection run, CPU microseconds per request of the gateway, the worker and
   redis-server (/proc and INFO cpu): where a single-input request's cost goes.
 
@@ -249,6 +251,22 @@ def _redis_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
+def _drain(code: Path, redis_url: str, folder: Path, entries: int) -> dict:
+    """One `noop` worker alone draining a backlog of one-text entries (`worker_drain.py`, run
+    with the tree's own modules, so in its own wire format): its CPU per entry."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = env_with(worker_id="drain", model=MODEL, redis_url=redis_url)
+    with _process(code, ["worker"], env, folder / "drain-worker.log") as worker:
+        helper = [sys.executable, str(ROOT / "benchmarks" / "worker_drain.py"), redis_url]
+        helper += [str(entries), str(worker.pid)]
+        done = subprocess.run(
+            helper, env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True
+        )
+    if done.returncode:
+        return {"error": (done.stderr or done.stdout).strip()[-300:]}
+    return json.loads(done.stdout)
+
+
 def _supports_processes(code: Path) -> bool:
     return "processes" in (code / "common" / "settings.py").read_text()
 
@@ -258,6 +276,9 @@ def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> 
     texts = loadgen.workload("short", args.bulk)
     script = wrk_script({"model": args.model, "input": "a short text to embed"}, folder, "single")
     out: dict = {"code": str(code)}
+    if args.drain_entries:
+        client.flushall()
+        out["drain"] = _drain(code, redis_url, folder / f"{label}-drain", args.drain_entries)
     client.flushall()
     with _stack(code, redis_url, folder / label, 1, args.model, args.device) as (url, pids):
         for fmt in ("float", "base64"):
@@ -292,6 +313,8 @@ def figures(result: dict) -> dict[str, float]:
         "wrk1_mean_ms": result["wrk1"].get("mean_ms", float("nan")),
         "wrk1_redis_commands_per_request": result["wrk1"]["redis_commands_per_request"],
     }
+    if "worker_cpu_us_per_entry" in result.get("drain", {}):
+        rows["drain_worker_cpu_us_per_entry"] = result["drain"]["worker_cpu_us_per_entry"]
     for role, us in result["wrk64"]["cpu_us_per_request"].items():
         rows[f"wrk64_{role}_cpu_us_per_request"] = us
     for key, value in result.items():
@@ -344,6 +367,9 @@ def parse_args() -> argparse.Namespace:
         "--bulk-clients", default="1", help="bulk requests at once, e.g. 1,4,16 (base64)"
     )
     parser.add_argument("--bulk-only", action="store_true", help="bulk rows only (no wrk)")
+    parser.add_argument(
+        "--drain-entries", type=int, default=20_000, help="one-text entries a worker drains (0: no)"
+    )
     return parser.parse_args()
 
 
