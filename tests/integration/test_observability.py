@@ -73,6 +73,17 @@ def test_metrics_count_the_batches_that_ran(processes: Processes) -> None:
     assert sample(text, "microbatch_workers", model="noop") == 1
     assert sample(text, "microbatch_inflight_requests") == 0
 
+    # one request of five texts is one queue entry: five rows batched, one wait observed
+    bulk = httpx.post(
+        f"{serve.base_url}/v1/embeddings",
+        json={"input": [f"more {i}" for i in range(5)]},
+        timeout=30,
+    )
+    assert bulk.status_code == 200
+    text = httpx.get(f"{serve.base_url}/metrics", timeout=10).text
+    assert sample(text, "microbatch_batch_size_sum", **labels) == 13
+    assert sample(text, "microbatch_queue_wait_seconds_count", **labels) == 9
+
 
 def test_status_reports_exactly_what_redis_holds(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from redis.asyncio.connection import BlockingConnectionPool, SSLConnection
 
 from common.settings import Settings
@@ -84,3 +85,26 @@ def test_a_connection_closed_under_a_command_is_a_connection_error_and_a_bug_is_
     _raise_if_closed_transport(AttributeError("'NoneType' object has no attribute 'x'"))  # ours
     with pytest.raises(RedisConnectionError):
         _raise_if_closed_transport(RuntimeError("the handler is closed"))
+
+
+def test_commands_are_packed_by_hiredis_into_the_bytes_redis_py_would_send(monkeypatch) -> None:
+    """redis-py's asyncio client packs commands in Python; the store's packs them in C."""
+    import hiredis
+    from redis.asyncio.connection import Connection
+    from redis.exceptions import DataError
+
+    calls = []
+    real = hiredis.pack_command
+    monkeypatch.setattr(hiredis, "pack_command", lambda args: calls.append(args) or real(args))
+    store = open_store(Settings(redis_url="redis://127.0.0.1:6379/0"))
+    packer = store.connection_pool.connection_class()
+    commands = [("XADD", "k", "MAXLEN", "~", 100, "*", "m", b"\x00\xff"), ("CLIENT SETNAME", "x")]
+    for command in commands:
+        expected = b"".join(Connection().pack_command(*command))
+        assert b"".join(packer.pack_command(*command)) == expected
+    pipelined = b"".join(b"".join(Connection().pack_command(*c)) for c in commands)
+    assert b"".join(packer.pack_commands(commands)) == pipelined
+    assert len(calls) == 4
+    with pytest.raises(DataError):
+        packer.pack_command("SET", "k", None)
+    asyncio.run(close_store(store))
