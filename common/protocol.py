@@ -298,7 +298,7 @@ _CLASSES: dict[str, type[Message]] = {
 
 
 _SCHEMAS = {tag: field_types(cls) for tag, cls in _CLASSES.items()}
-# per field, the exact types that pass `_check_field` at a glance (msgpack makes exact
+# per field, the exact types that pass `check_field` at a glance (msgpack makes exact
 # builtins); anything else, and every list or map, takes the full check
 _PLAIN = {
     tag: {
