@@ -36,8 +36,19 @@ def test_bfloat16_embeddings_are_float32_unit_vectors_near_the_reference(referen
     assert np.abs(got - want).max() > 1e-6  # computed in bfloat16, not float32 after all
 
 
-def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path):
+def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path, monkeypatch):
+    import worker.embed.collate as collation
     from worker.embed.tiny_classifier import write_tiny_classifier
+
+    widths: list[int] = []
+    real_collate = collation.collate
+
+    def recording_collate(*args, **kwargs):
+        ids, mask = real_collate(*args, **kwargs)
+        widths.append(ids.shape[1])
+        return ids, mask
+
+    monkeypatch.setattr(collation, "collate", recording_collate)
 
     folder = write_tiny_classifier(tmp_path / "tiny-reranker")
     full = load_model(Settings(model=str(folder)))
@@ -48,8 +59,12 @@ def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path):
     documents = [("queue batch worker " * (i % 20 + 1)) + f"document {i}" for i in range(40)]
     rows = tokenizer.encode_pairs([("which queue", d) for d in documents], True)
     want = np.stack(full.runner.embed(rows))[:, 0]
+    widths.clear()
     got = np.stack(half.runner.embed(rows))[:, 0]
+    assert widths and all(w % 16 == 0 for w in widths)  # bfloat16 on a CPU: the kernel grid
     assert got.dtype == np.float32
+    alone = np.stack([half.runner.embed([row])[0] for row in rows[:5]])[:, 0]
+    assert np.abs(alone - got[:5]).max() <= 0.02  # the grid's padding is masked, not scored
     assert np.abs(got - want).max() <= 0.05  # logits of about +-0.5 here
     assert np.corrcoef(got, want)[0, 1] >= 0.99
     assert np.abs(got - want).max() > 1e-6

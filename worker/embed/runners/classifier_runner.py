@@ -45,6 +45,7 @@ class ClassifierRunner:
         import torch
         from transformers import AutoModelForSequenceClassification
 
+        from worker.embed.collate import length_multiple
         from worker.embed.runners.encoder import Scorer, same_values, trace_checked
 
         if threads:
@@ -58,6 +59,9 @@ class ClassifierRunner:
         # the weights' and the forward's, as loaded; answers are float32 whatever it is
         self.dtype = str(model.dtype).removeprefix("torch.")
         self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        # padded lengths on the grid this device and dtype compile kernels for
+        self._multiple = length_multiple(device, self.dtype)
+        self._limit = files.max_tokens
         self.dim = int(model.config.num_labels)
         separator = segment_separator(files.tokenizer_json)
         uses_types = int(getattr(model.config, "type_vocab_size", 0) or 0) > 1
@@ -78,7 +82,7 @@ class ClassifierRunner:
     def _forward(self, rows: Sequence[np.ndarray]) -> list[np.ndarray]:
         from worker.embed.collate import collate
 
-        ids, mask = collate(rows, self._pad_id)
+        ids, mask = collate(rows, self._pad_id, self._multiple, self._limit)
         with self._torch.inference_mode():
             logits = self._score(ids.to(self._device), mask.to(self._device))
         return list(logits.cpu().numpy())

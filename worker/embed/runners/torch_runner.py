@@ -37,6 +37,7 @@ class TorchRunner:
         import torch
         from transformers import AutoModel
 
+        from worker.embed.collate import length_multiple
         from worker.embed.runners.encoder import Encoder, trace_checked
 
         if threads:
@@ -49,6 +50,9 @@ class TorchRunner:
         # the weights' and the forward's, as loaded; answers are float32 whatever it is
         self.dtype = str(model.dtype).removeprefix("torch.")
         self._pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        # padded lengths on the grid this device and dtype compile kernels for
+        self._multiple = length_multiple(device, self.dtype)
+        self._limit = files.max_tokens
         self.dim = int(model.config.hidden_size)
         self._encode = Encoder(model, files.pooling).eval()
         self.traced = False  # whether batches run as a TorchScript trace
@@ -66,7 +70,7 @@ class TorchRunner:
         from worker.embed.collate import collate
 
         torch = self._torch
-        ids, mask = collate(rows, self._pad_id)
+        ids, mask = collate(rows, self._pad_id, self._multiple, self._limit)
         with torch.inference_mode():
             pooled = self._encode(ids.to(self._device), mask.to(self._device))  # (B, D)
         return list(pooled.float().cpu().numpy())
