@@ -156,7 +156,10 @@ class Intake:
                 except RedisError as exc:
                     await backoff.wait(log, "read", exc)
                     continue
-                if idle is not None and not read:
+                if read:
+                    await asyncio.sleep(0)  # the loop starts what arrived before the next read
+                    continue
+                if idle is not None:
                     if idle():
                         stop.set()
                         return

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+import pytest
 
 from common import streams
 from common.protocol import (
@@ -93,6 +94,7 @@ async def _burst(
     entries: list[RequestEntry],
     cancelled: Sequence[str] = (),
     max_batch_size: int = 16,
+    compute: ComputeThreads | None = None,
 ) -> tuple[dict[str, EmbeddingResult | ErrorReply], RecordingRunner, int]:
     """Queue `entries`, run a worker until idle: its replies by id, its runner, what is left
     pending in the streams."""
@@ -114,7 +116,7 @@ async def _burst(
 
         intake = Intake(settings, store, limits, "burst", register)
         runner = RecordingRunner()
-        compute = ComputeThreads()
+        compute = compute or ComputeThreads()
         consumer = Consumer(intake, EmbedLoop(settings, intake, runner, compute), compute)
         await asyncio.wait_for(consumer.run_until_idle(), 60)
         assert consumer.crashed is None
@@ -201,4 +203,32 @@ def test_a_cancelled_entry_of_many_rows_computes_none_of_them(redis_url: str) ->
     replies, runner, left = asyncio.run(_burst(redis_url, [kept, gone], ["e.1"]))
     assert sorted(n for batch in runner.batches for n in batch) == [2, 2]
     assert "e.1" not in replies and isinstance(replies["e.0"], EmbeddingResult)
+    assert left == 0
+
+
+def test_a_batch_is_handed_to_compute_before_the_next_read_goes_out(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop submits a batch in the turn it picks it, and the reader lets it have that turn
+    before sending its next XREADGROUP: a lone request's compute does not queue behind a read
+    round trip (the 1-connection latency of the queue-path benchmark)."""
+    events: list[str] = []
+    read_group = streams.read_group
+
+    async def recording_read(store, consumer, ids, **kwargs):
+        if ">" in ids.values():  # new entries (not a worker's own pending ones at start)
+            events.append("read")
+        return await read_group(store, consumer, ids, **kwargs)
+
+    class RecordingCompute(ComputeThreads):
+        def submit(self, stream, fn, *args, **kwargs):
+            events.append("compute")
+            return super().submit(stream, fn, *args, **kwargs)
+
+    monkeypatch.setattr(streams, "read_group", recording_read)
+    replies, _, left = asyncio.run(
+        _burst(redis_url, [_entry(0, [1] * 4)], compute=RecordingCompute())
+    )
+    assert isinstance(replies["e.0"], EmbeddingResult)
+    assert events[:3] == ["read", "compute", "read"]
     assert left == 0

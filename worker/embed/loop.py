@@ -261,8 +261,19 @@ class EmbedLoop:
             if assembly.started(len(indices)):  # an entry's wait ends with its first batch
                 queue_wait.observe(max(0, now_ms - assembly.entry.enqueued_ms) / 1000)
         self._intake.changed.set()  # room for the reader
+        # Submitted here, not in the task: the compute thread starts now, not a loop turn
+        # later, behind whatever else is ready (the reader's next XREADGROUP, most often).
+        start_ms, t0 = wall_ms(), time.perf_counter()
+        rows = [a.rows[i] for a, i in members]
+        work = functools.partial(self._runner.embed, rows, threads=threads)
+        if self._profiler is not None and not self._profiler.finished:
+            profiled = _profile_facts(batch, members, start_ms, threads)
+            work = functools.partial(self._profiler.run, "embed", profiled, work)
+        computed = asyncio.wrap_future(self._compute.submit(stream, work))
         task = spawn_supervised(
-            "batch", self._run_batch(batch, members, entries, threads, stream), self._batch_ended
+            "batch",
+            self._finish_batch(batch, members, entries, threads, computed, start_ms, t0),
+            self._batch_ended,
         )
         self._computing[task] = (threads, self._clock(), stream)
         task.add_done_callback(self._forget)
@@ -275,17 +286,19 @@ class EmbedLoop:
         if exc is not None:
             self._intake.crash(exc)
 
-    async def _run_batch(
-        self, batch: Batch, members: list[Row], entries: list[_Part], threads: int, stream: int
+    async def _finish_batch(
+        self,
+        batch: Batch,
+        members: list[Row],
+        entries: list[_Part],
+        threads: int,
+        computed: asyncio.Future[list],
+        start_ms: int,
+        t0: float,
     ) -> None:
-        start_ms = wall_ms()
-        t0 = time.perf_counter()
-        rows = [a.rows[i] for a, i in members]
-        work = functools.partial(self._runner.embed, rows, threads=threads)
-        if self._profiler is not None and not self._profiler.finished:
-            profiled = _profile_facts(batch, members, start_ms, threads)
-            work = functools.partial(self._profiler.run, "embed", profiled, work)
-        results = await asyncio.wrap_future(self._compute.submit(stream, work))
+        """Wait for a started batch's results, hand them to their entries, and answer every
+        entry it completed."""
+        results = await computed
         compute_s = time.perf_counter() - t0
         if len(results) != len(members):  # a runner bug: stop the worker, lose nothing
             raise ValueError(f"runner returned {len(results)} results for {len(members)} rows")
