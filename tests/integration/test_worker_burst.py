@@ -7,6 +7,7 @@ answers it and returns, so each scenario is deterministic: no sleeps, no timing 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 
@@ -95,6 +96,7 @@ async def _burst(
     cancelled: Sequence[str] = (),
     max_batch_size: int = 16,
     compute: ComputeThreads | None = None,
+    runner: RecordingRunner | None = None,
 ) -> tuple[dict[str, EmbeddingResult | ErrorReply], RecordingRunner, int]:
     """Queue `entries`, run a worker until idle: its replies by id, its runner, what is left
     pending in the streams."""
@@ -115,7 +117,7 @@ async def _burst(
             return None
 
         intake = Intake(settings, store, limits, "burst", register)
-        runner = RecordingRunner()
+        runner = runner or RecordingRunner()
         compute = compute or ComputeThreads()
         consumer = Consumer(intake, EmbedLoop(settings, intake, runner, compute), compute)
         await asyncio.wait_for(consumer.run_until_idle(), 60)
@@ -232,3 +234,76 @@ def test_a_batch_is_handed_to_compute_before_the_next_read_goes_out(
     assert isinstance(replies["e.0"], EmbeddingResult)
     assert events[:3] == ["read", "compute", "read"]
     assert left == 0
+
+
+class _Submits(ComputeThreads):
+    """Compute threads that count the batches handed to them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self.second = threading.Event()
+
+    def submit(self, stream, fn, *args, **kwargs):
+        self.count += 1
+        if self.count >= 2:
+            self.second.set()
+        return super().submit(stream, fn, *args, **kwargs)
+
+
+class _HoldsFirstBatch(RecordingRunner):
+    """Holds its first batch until a second batch is handed to the compute thread, or
+    `wait_s` passes; says whether one came while the first computed."""
+
+    def __init__(self, submits: _Submits, wait_s: float) -> None:
+        super().__init__()
+        self._submits, self._wait_s = submits, wait_s
+        self.queued_behind: bool | None = None
+
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        if self.queued_behind is None:
+            self.queued_behind = self._submits.second.wait(self._wait_s)
+        return super().embed(rows, threads)
+
+
+def test_on_one_stream_the_next_full_batch_is_queued_while_one_computes(redis_url: str) -> None:
+    """A device that runs one batch at a time starts the next the moment the running one
+    ends: the loop hands the next full batch to the compute thread while the first computes,
+    instead of idling the device through its turn after it."""
+    submits = _Submits()
+    runner = _HoldsFirstBatch(submits, wait_s=10)
+    entries = [_entry(i, [1] * 5) for i in range(32)]  # two full batches of 16
+    replies, _, left = asyncio.run(_burst(redis_url, entries, compute=submits, runner=runner))
+    assert runner.queued_behind is True
+    assert runner.batches == [[5] * 16, [5] * 16]
+    assert all(isinstance(replies[e.id], EmbeddingResult) for e in entries)
+    assert left == 0
+
+
+def test_a_batch_that_could_still_grow_is_not_queued_behind_the_running_one(
+    redis_url: str,
+) -> None:
+    submits = _Submits()
+    runner = _HoldsFirstBatch(submits, wait_s=0.5)
+    entries = [_entry(i, [1] * 5) for i in range(20)]  # a full batch, then four rows
+    replies, _, left = asyncio.run(_burst(redis_url, entries, compute=submits, runner=runner))
+    assert runner.queued_behind is False  # the four waited for the stream, free to grow
+    assert sorted(len(b) for b in runner.batches) == [4, 16]
+    assert all(isinstance(replies[e.id], EmbeddingResult) for e in entries)
+    assert left == 0
+
+
+class _Slow(RecordingRunner):
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        time.sleep(0.2)
+        return super().embed(rows, threads)
+
+
+def test_a_queued_batch_reports_its_own_compute_time_not_its_wait(redis_url: str) -> None:
+    """Compute time is taken on the compute thread: the second batch waited ~0.2 s behind
+    the first, which neither its reply nor the cost model may count as compute."""
+    entries = [_entry(i, [1] * 5) for i in range(32)]
+    replies, runner, _ = asyncio.run(_burst(redis_url, entries, runner=_Slow()))
+    assert len(runner.batches) == 2
+    times = [replies[e.id].compute_ms for e in entries]  # type: ignore[union-attr]
+    assert all(150 <= t < 350 for t in times), times

@@ -7,7 +7,9 @@ several rows of one request; each row waits and is batched on its own, beside ot
 requests' rows, and the entry's `Assembly` gathers their vectors. Each turn it drops the rows
 of cancelled or expired entries, asks `batching.next_batch` what to run, and hands each batch
 to a free compute stream (`parallelism`: several at once on a CPU, a lone one on every core);
-an entry whose rows are all computed is answered and acknowledged by the intake.
+on one stream (a GPU) the next full batch waits on the compute thread behind the running
+one, so the device never idles through the loop's turn between them. An entry whose rows
+are all computed is answered and acknowledged by the intake.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
 from worker.embed.assembly import Assembly, BatchFacts
-from worker.embed.batching import Batch, Limits, Load, Waiting, in_order, next_batch
+from worker.embed.batch_work import Behind, Part, by_entry, profile_facts, timed
+from worker.embed.batching import Batch, Limits, Load, next_batch
 from worker.embed.cost import Observations
 from worker.embed.metrics import BatchMetrics
 from worker.embed.parallelism import Parallelism
+from worker.embed.row_queues import Row, RowQueues
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
 from worker.intake import Held, Intake, wall_ms
@@ -37,8 +41,8 @@ from worker.replies import Done, Reply
 
 log = logging.getLogger("microbatch.worker")
 DRAIN_POLL_S = 0.05
+FULL_TRIGGERS = ("size", "tokens")  # a batch no arrival can make bigger
 ROWS_PER_ENTRY_WEIGHT = 0.1  # of each entry read in the mean that sizes the next read
-Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
 
 
 class EmbedLoop:
@@ -58,17 +62,12 @@ class EmbedLoop:
         self._clock = clock
         self._model = intake.model
         self._limits = Limits.from_settings(settings)
-        self._queues: dict[int, dict[int, Row]] = {b: {} for b in settings.buckets}
-        # what the policy sees of each queued row, made once when it arrives, kept in the
-        # order batches grow through (length, then arrival): no decision sorts the queue
-        self._views: dict[int, list[Waiting]] = {b: [] for b in settings.buckets}
-        self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
+        self._rows = RowQueues(settings.buckets)
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
         # what `_drop_unwanted` last looked at: the cancel set, and the next deadline due
         self._cancelled_seen: set[str] | None = None
         self._next_deadline_ms: float = math.inf
         self._rows_per_entry = 1.0
-        self._seq = itertools.count()
         self._batch_ids = itertools.count()
         # a runner says whether batches may compute side by side on it (torch on a CPU)
         self._parallel = Parallelism.from_settings(
@@ -78,6 +77,9 @@ class EmbedLoop:
         self._compute.ensure(self._parallel.streams)
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
+        # batches handed to the compute thread behind the running one (`_queue_behind`),
+        # revocable until they start
+        self._behind: dict[asyncio.Task, Behind] = {}
         self._observed = Observations(settings.buckets)
         self._metrics = BatchMetrics(self._model)
         self._rate = ServiceRate()  # rows per compute second: bounds the read window
@@ -88,7 +90,7 @@ class EmbedLoop:
 
     @property
     def held(self) -> int:
-        return sum(len(q) for q in self._queues.values())
+        return self._rows.held
 
     @property
     def busy(self) -> bool:
@@ -116,13 +118,7 @@ class EmbedLoop:
     def hold(self, held: Held) -> None:
         assembly = Assembly.of(held)
         self._entries[(held.stream, held.entry_id)] = assembly
-        queue, views = self._queues[held.bucket], self._views[held.bucket]
-        priority = assembly.entry.priority
-        for index, row in enumerate(assembly.rows):
-            key = next(self._seq)
-            queue[key] = (assembly, index)
-            views.append(Waiting(key, len(row), held.arrived_s, priority))
-        self._unsorted.add(held.bucket)
+        self._rows.add(held.bucket, assembly)
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n)
         self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
@@ -157,6 +153,9 @@ class EmbedLoop:
                 return
             if draining:
                 timeout = DRAIN_POLL_S if timeout is None else min(timeout, DRAIN_POLL_S)
+            if self._behind:  # revoke it before it starts if a deadline passes first
+                due_s = max(0.0, (self._next_deadline_ms - wall_ms()) / 1000)
+                timeout = due_s if timeout is None else min(timeout, due_s)
             await self._intake.wait_changed(timeout)
 
     def _start_what_may_run(self, limits: Limits) -> float | None:
@@ -164,8 +163,10 @@ class EmbedLoop:
         how long until the policy wants to be asked again (None: when something changes)."""
         running = [threads for threads, _, _ in self._computing.values()]
         if len(running) >= self._parallel.streams:
-            return None
-        decision = next_batch(self._in_order(), self._clock(), limits, self._load(), ordered=True)
+            return self._queue_behind(limits)
+        decision = next_batch(
+            self._rows.in_order(), self._clock(), limits, self._load(), ordered=True
+        )
         if isinstance(decision, Batch):
             more_held = self.held > len(decision.keys)
             threads = self._parallel.threads_for(running, more_held)
@@ -180,20 +181,41 @@ class EmbedLoop:
             return None
         return max(1e-9, decision.until_s - self._clock())
 
-    def _in_order(self) -> dict[int, list[Waiting]]:
-        """Each bucket's queue in length order; new rows were appended, so the sort merges
-        two ordered runs (linear), and only where rows arrived."""
-        for bucket in self._unsorted:
-            self._views[bucket] = in_order(self._views[bucket])
-        self._unsorted.clear()
-        return self._views
+    def _queue_behind(self, limits: Limits) -> float | None:
+        """On one stream (a GPU, or a CPU batch on every core), the next batch is handed to
+        the compute thread while the running one computes, once it is full: the device starts
+        it the moment the running one ends, instead of idling through the loop's turn after
+        it (the replies, the acks, the next decision), which the loop now spends while the
+        next batch computes. One waits at most; a batch that could still grow waits for the
+        stream as before. 0.0 when one was queued, else None (ask again on a change)."""
+        if self._parallel.streams != 1 or len(self._computing) != 1:
+            return None
+        decision = next_batch(
+            self._rows.in_order(), self._clock(), limits, self._load(), ordered=True
+        )
+        if not isinstance(decision, Batch) or decision.trigger not in FULL_TRIGGERS:
+            return None
+        self._start_batch(decision, self._parallel.threads_per_stream, 0, behind=True)
+        return 0.0
 
-    def _unqueue(self, bucket: int, keys: set[int]) -> None:
-        """Take these rows off a bucket's queue (the order of the rest stays)."""
-        queue = self._queues[bucket]
-        for key in keys:
-            del queue[key]
-        self._views[bucket] = [w for w in self._views[bucket] if w.key not in keys]
+    def _revoke_behind(self) -> int:
+        """Take back a batch queued behind the running one that holds rows of a dropped entry,
+        if it has not started: its other rows queue again, the dropped ones never compute.
+        Rows skipped so."""
+        skipped = 0
+        for task, behind in list(self._behind.items()):
+            if not any(a.dropped for a, _, _ in behind.entries) or not behind.future.cancel():
+                continue
+            del self._behind[task]
+            back = []
+            for key, row in zip(behind.batch.keys, behind.members, strict=True):
+                row[0].computing -= 1
+                if row[0].dropped:
+                    skipped += 1
+                else:
+                    back.append((key, row))
+            self._rows.put_back(behind.batch.bucket, back)
+        return skipped
 
     def _load(self) -> Load:
         """Arrival rates, and the batch cost at the thread count batches get under load."""
@@ -216,18 +238,16 @@ class EmbedLoop:
         ]
         for assembly in dropped:
             assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
+        revoked = self._revoke_behind()
         self._next_deadline_ms = min(
             (a.entry.deadline_ms for a in self._entries.values() if not a.dropped),
             default=math.inf,
         )
         if not dropped:
             return
-        skipped = 0  # rows that will never compute
+        skipped = revoked  # rows that will never compute
         for assembly in dropped:
-            queue = self._queues[assembly.held.bucket]
-            keys = {k for k, (a, _) in queue.items() if a is assembly}
-            self._unqueue(assembly.held.bucket, keys)
-            skipped += len(keys)
+            skipped += self._rows.drop(assembly)
         metrics.cancelled_total.inc(skipped)
         replies, done = self._settle(dropped, now_ms)
         await self._intake.publish(replies, done)
@@ -248,13 +268,11 @@ class EmbedLoop:
 
     # ---- running a batch -------------------------------------------------------------------
 
-    def _start_batch(self, batch: Batch, threads: int, stream: int) -> None:
+    def _start_batch(self, batch: Batch, threads: int, stream: int, behind: bool = False) -> None:
         """Take the batch's rows off the queues now, so the next decision cannot pick them
         again, and compute it beside any other running batch."""
-        queue = self._queues[batch.bucket]
-        members = [queue[key] for key in batch.keys]
-        self._unqueue(batch.bucket, set(batch.keys))
-        entries = _by_entry(members)
+        members = self._rows.take(batch.bucket, batch.keys)
+        entries = by_entry(members)
         now_ms = wall_ms()
         queue_wait = self._metrics.of(batch.bucket).queue_wait
         for assembly, indices, _ in entries:
@@ -263,23 +281,29 @@ class EmbedLoop:
         self._intake.changed.set()  # room for the reader
         # Submitted here, not in the task: the compute thread starts now, not a loop turn
         # later, behind whatever else is ready (the reader's next XREADGROUP, most often).
-        start_ms, t0 = wall_ms(), time.perf_counter()
         rows = [a.rows[i] for a, i in members]
         work = functools.partial(self._runner.embed, rows, threads=threads)
         if self._profiler is not None and not self._profiler.finished:
-            profiled = _profile_facts(batch, members, start_ms, threads)
+            profiled = profile_facts(batch, members, now_ms, threads)
             work = functools.partial(self._profiler.run, "embed", profiled, work)
-        computed = asyncio.wrap_future(self._compute.submit(stream, work))
+        submitted = self._compute.submit(stream, timed, work)
+        computed = asyncio.wrap_future(submitted)
         task = spawn_supervised(
             "batch",
-            self._finish_batch(batch, members, entries, threads, computed, start_ms, t0),
+            self._finish_batch(batch, members, entries, threads, computed),
             self._batch_ended,
         )
+        if behind:
+            self._behind[task] = Behind(submitted, batch, members, entries)
         self._computing[task] = (threads, self._clock(), stream)
         task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task) -> None:
         self._computing.pop(task, None)
+        self._behind.pop(task, None)
+        for waiting in self._behind:  # it starts now: `hung` times it from here
+            threads, _, stream = self._computing[waiting]
+            self._computing[waiting] = (threads, self._clock(), stream)
         self._intake.changed.set()  # a stream is free
 
     def _batch_ended(self, exc: BaseException | None) -> None:
@@ -290,16 +314,13 @@ class EmbedLoop:
         self,
         batch: Batch,
         members: list[Row],
-        entries: list[_Part],
+        entries: list[Part],
         threads: int,
-        computed: asyncio.Future[list],
-        start_ms: int,
-        t0: float,
+        computed: asyncio.Future[tuple[list, int, float]],
     ) -> None:
         """Wait for a started batch's results, hand them to their entries, and answer every
         entry it completed."""
-        results = await computed
-        compute_s = time.perf_counter() - t0
+        results, start_ms, compute_s = await computed
         if len(results) != len(members):  # a runner bug: stop the worker, lose nothing
             raise ValueError(f"runner returned {len(results)} results for {len(members)} rows")
         self._observe(batch, members, compute_s, start_ms, threads)
@@ -351,38 +372,3 @@ class EmbedLoop:
         """Wait for every batch still computing."""
         while self._computing:
             await asyncio.gather(*list(self._computing), return_exceptions=True)
-
-
-def _profile_facts(
-    batch: Batch, members: list[Row], start_ms: int, threads: int
-) -> dict[str, object]:
-    """What a profiled batch's trace says about it: its padding and its rows' queueing."""
-    waits_ms = [max(0, start_ms - a.entry.enqueued_ms) for a, _ in members]
-    return {
-        "bucket": batch.bucket,
-        "rows": len(members),
-        "longest": batch.padded_tokens // len(members),
-        "real_tokens": batch.real_tokens,
-        "padded_tokens": batch.padded_tokens,
-        "padding_ratio": round(1 - batch.real_tokens / batch.padded_tokens, 4),
-        "trigger": batch.trigger,
-        "threads": threads,
-        "queue_wait_ms_max": max(waits_ms),
-        "queue_wait_ms_mean": round(sum(waits_ms) / len(waits_ms), 1),
-    }
-
-
-_Part = tuple[Assembly, list[int], list[int]]  # an entry, its rows' indices, their places
-
-
-def _by_entry(members: list[Row]) -> list[_Part]:
-    """A batch's members grouped by entry: each entry's row indices and where those rows sit
-    in the batch, so a batch's results are handed over an entry at a time."""
-    parts: dict[int, _Part] = {}
-    for place, (assembly, index) in enumerate(members):
-        part = parts.get(id(assembly))
-        if part is None:
-            part = parts[id(assembly)] = (assembly, [], [])
-        part[1].append(index)
-        part[2].append(place)
-    return list(parts.values())

@@ -1,0 +1,66 @@
+"""`RowQueues`: an embedding worker's rows waiting for a batch, one queue per length bucket.
+
+Each row is kept twice: by key (what a batch takes) and as the `Waiting` the policy reads,
+in the order batches grow through a queue (length, then arrival), so no decision sorts the
+whole queue: rows that arrived since the last decision are merged in, only where they did.
+Pure bookkeeping: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+from worker.embed.assembly import Assembly
+from worker.embed.batching import Waiting, in_order
+
+Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
+
+
+class RowQueues:
+    def __init__(self, buckets: Iterable[int]) -> None:
+        self._queues: dict[int, dict[int, Row]] = {b: {} for b in buckets}
+        self._views: dict[int, list[Waiting]] = {b: [] for b in self._queues}
+        self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
+        self._seq = itertools.count()
+
+    @property
+    def held(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    def add(self, bucket: int, assembly: Assembly) -> None:
+        """Every row of a new entry, queued."""
+        self.put_back(bucket, [(next(self._seq), (assembly, i)) for i in range(len(assembly.rows))])
+
+    def put_back(self, bucket: int, rows: Iterable[tuple[int, Row]]) -> None:
+        """Rows queued (again) under their keys, where they wait by length and arrival."""
+        queue, views = self._queues[bucket], self._views[bucket]
+        for key, row in rows:
+            assembly, index = row
+            queue[key] = row
+            arrived_s, priority = assembly.held.arrived_s, assembly.entry.priority
+            views.append(Waiting(key, len(assembly.rows[index]), arrived_s, priority))
+            self._unsorted.add(bucket)
+
+    def in_order(self) -> dict[int, list[Waiting]]:
+        """Each bucket's queue in length order; new rows were appended, so the sort merges
+        two ordered runs (linear), and only where rows arrived."""
+        for bucket in self._unsorted:
+            self._views[bucket] = in_order(self._views[bucket])
+        self._unsorted.clear()
+        return self._views
+
+    def take(self, bucket: int, keys: Iterable[int]) -> list[Row]:
+        """These rows, off the queue (the order of the rest stays)."""
+        queue, keys = self._queues[bucket], list(keys)
+        rows = [queue.pop(key) for key in keys]
+        gone = set(keys)
+        self._views[bucket] = [w for w in self._views[bucket] if w.key not in gone]
+        return rows
+
+    def drop(self, assembly: Assembly) -> int:
+        """An entry's queued rows, off the queue for good; how many there were."""
+        bucket = assembly.held.bucket
+        keys = [k for k, (a, _) in self._queues[bucket].items() if a is assembly]
+        self.take(bucket, keys)
+        return len(keys)
