@@ -19,6 +19,10 @@ side in the same run) it measures:
 - the tokenizer alone on the bulk request's texts: the floor under the bulk rows;
 - a worker alone draining `--drain-entries` one-text entries (`worker_drain.py`): its CPU per
   entry, which caps one worker's entries per second on any device;
+- the same drain against a simulated device taking `--device-ms` (1) per batch (`noop` with
+  `noop_compute_ms`, the GIL released, as a GPU forward is to the host): entries/s and the
+  share of the time the device was busy, where the worker's own turn between batches shows
+  as a device left idle;
 - during the 64-connection run, CPU microseconds per request of the gateway, the worker and
   redis-server (/proc and INFO cpu): where a single-input request's cost goes.
 
@@ -251,14 +255,16 @@ def _redis_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def _drain(code: Path, redis_url: str, folder: Path, entries: int) -> dict:
+def _drain(code: Path, redis_url: str, folder: Path, entries: int, device_ms: float = 0.0) -> dict:
     """One `noop` worker alone draining a backlog of one-text entries (`worker_drain.py`, run
-    with the tree's own modules, so in its own wire format): its CPU per entry."""
+    with the tree's own modules, so in its own wire format): its CPU per entry; with
+    `device_ms`, against a simulated device taking that long per batch."""
     folder.mkdir(parents=True, exist_ok=True)
-    env = env_with(worker_id="drain", model=MODEL, redis_url=redis_url)
+    device = {"noop_compute_ms": device_ms} if device_ms else {}
+    env = env_with(worker_id="drain", model=MODEL, redis_url=redis_url, **device)
     with _process(code, ["worker"], env, folder / "drain-worker.log") as worker:
         helper = [sys.executable, str(ROOT / "benchmarks" / "worker_drain.py"), redis_url]
-        helper += [str(entries), str(worker.pid)]
+        helper += [str(entries), str(worker.pid), str(device_ms)]
         done = subprocess.run(
             helper, env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True
         )
@@ -279,6 +285,11 @@ def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> 
     if args.drain_entries:
         client.flushall()
         out["drain"] = _drain(code, redis_url, folder / f"{label}-drain", args.drain_entries)
+        if args.device_ms:
+            client.flushall()
+            out["drain_device"] = _drain(
+                code, redis_url, folder / f"{label}-device", args.drain_entries, args.device_ms
+            )
     client.flushall()
     with _stack(code, redis_url, folder / label, 1, args.model, args.device) as (url, pids):
         for fmt in ("float", "base64"):
@@ -315,6 +326,9 @@ def figures(result: dict) -> dict[str, float]:
     }
     if "worker_cpu_us_per_entry" in result.get("drain", {}):
         rows["drain_worker_cpu_us_per_entry"] = result["drain"]["worker_cpu_us_per_entry"]
+    if "device_busy_share" in result.get("drain_device", {}):
+        rows["drain_device_entries_per_s"] = result["drain_device"]["entries_per_s"]
+        rows["drain_device_busy_share"] = result["drain_device"]["device_busy_share"]
     for role, us in result["wrk64"]["cpu_us_per_request"].items():
         rows[f"wrk64_{role}_cpu_us_per_request"] = us
     for key, value in result.items():
@@ -367,6 +381,9 @@ def parse_args() -> argparse.Namespace:
         "--bulk-clients", default="1", help="bulk requests at once, e.g. 1,4,16 (base64)"
     )
     parser.add_argument("--bulk-only", action="store_true", help="bulk rows only (no wrk)")
+    parser.add_argument(
+        "--device-ms", type=float, default=1.0, help="simulated device ms per batch (0: no row)"
+    )
     parser.add_argument(
         "--drain-entries", type=int, default=20_000, help="one-text entries a worker drains (0: no)"
     )
