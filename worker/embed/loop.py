@@ -28,7 +28,7 @@ from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
 from worker.embed.assembly import Assembly, BatchFacts
 from worker.embed.batch_work import Behind, Part, by_entry, profile_facts, timed
-from worker.embed.batching import Batch, Limits, Load, next_batch
+from worker.embed.batching import Batch, Limits, Load, Wait, next_batch
 from worker.embed.cost import Observations
 from worker.embed.metrics import BatchMetrics
 from worker.embed.parallelism import Parallelism
@@ -164,9 +164,7 @@ class EmbedLoop:
         running = [threads for threads, _, _ in self._computing.values()]
         if len(running) >= self._parallel.streams:
             return self._queue_behind(limits)
-        decision = next_batch(
-            self._rows.in_order(), self._clock(), limits, self._load(), ordered=True
-        )
+        decision = self._decide(limits)
         if isinstance(decision, Batch):
             more_held = self.held > len(decision.keys)
             threads = self._parallel.threads_for(running, more_held)
@@ -181,6 +179,9 @@ class EmbedLoop:
             return None
         return max(1e-9, decision.until_s - self._clock())
 
+    def _decide(self, limits: Limits) -> Batch | Wait:
+        return next_batch(self._rows.in_order(), self._clock(), limits, self._load(), ordered=True)
+
     def _queue_behind(self, limits: Limits) -> float | None:
         """On one stream (a GPU, or a CPU batch on every core), the next batch is handed to
         the compute thread while the running one computes, once it is full: the device starts
@@ -190,9 +191,7 @@ class EmbedLoop:
         stream as before. 0.0 when one was queued, else None (ask again on a change)."""
         if self._parallel.streams != 1 or len(self._computing) != 1:
             return None
-        decision = next_batch(
-            self._rows.in_order(), self._clock(), limits, self._load(), ordered=True
-        )
+        decision = self._decide(limits)
         if not isinstance(decision, Batch) or decision.trigger not in FULL_TRIGGERS:
             return None
         self._start_batch(decision, self._parallel.threads_per_stream, 0, behind=True)
@@ -208,12 +207,12 @@ class EmbedLoop:
                 continue
             del self._behind[task]
             back = []
-            for key, row in zip(behind.batch.keys, behind.members, strict=True):
-                row[0].computing -= 1
-                if row[0].dropped:
+            for key, (assembly, index) in zip(behind.batch.keys, behind.members, strict=True):
+                assembly.computing -= 1
+                if assembly.dropped:
                     skipped += 1
                 else:
-                    back.append((key, row))
+                    back.append((key, (assembly, index)))
             self._rows.put_back(behind.batch.bucket, back)
         return skipped
 

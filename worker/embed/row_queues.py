@@ -35,11 +35,13 @@ class RowQueues:
     def put_back(self, bucket: int, rows: Iterable[tuple[int, Row]]) -> None:
         """Rows queued (again) under their keys, where they wait by length and arrival."""
         queue, views = self._queues[bucket], self._views[bucket]
+        before = len(views)
         for key, row in rows:
             assembly, index = row
             queue[key] = row
             arrived_s, priority = assembly.held.arrived_s, assembly.entry.priority
             views.append(Waiting(key, len(assembly.rows[index]), arrived_s, priority))
+        if len(views) > before:
             self._unsorted.add(bucket)
 
     def in_order(self) -> dict[int, list[Waiting]]:
