@@ -42,6 +42,9 @@ from worker.replies import Done, Reply
 log = logging.getLogger("microbatch.worker")
 DRAIN_POLL_S = 0.05
 FULL_TRIGGERS = ("size", "tokens")  # a batch no arrival can make bigger
+# a worker looks for expired entries this long after their deadline: the gateway, which owns
+# the client's deadline, answers it first, with the client's own timeout in its message
+DEADLINE_GRACE_S = 0.1
 ROWS_PER_ENTRY_WEIGHT = 0.1  # of each entry read in the mean that sizes the next read
 
 
@@ -154,7 +157,7 @@ class EmbedLoop:
             if draining:
                 timeout = DRAIN_POLL_S if timeout is None else min(timeout, DRAIN_POLL_S)
             if self._behind:  # revoke it before it starts if a deadline passes first
-                due_s = max(0.0, (self._next_deadline_ms - wall_ms()) / 1000)
+                due_s = max(0.0, (self._next_deadline_ms - wall_ms()) / 1000 + DEADLINE_GRACE_S)
                 timeout = due_s if timeout is None else min(timeout, due_s)
             await self._intake.wait_changed(timeout)
 
