@@ -32,12 +32,10 @@ Each figure is printed with its goal and the ratio to it; `--out` keeps the JSON
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -53,13 +51,12 @@ import orjson
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.batching import env_with, free_port, parse_wrk
-from benchmarks.fleet import cpu_seconds, host_cpu, need, poll, start_redis
+from benchmarks.batching import parse_wrk
+from benchmarks.fleet import cpu_seconds, host_cpu, need, start_redis
+from benchmarks.queue_stack import MODEL, ROOT, drain, stack, supports_processes
 from benchmarks.redis_cost import wrk_script
 from common.cli import loadgen
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = "noop"
 GOALS = {  # the queue-path issue's goal column
     "bulk_us_per_input_base64": ("<=", 20.0),
     "bulk_us_per_input_float": ("<=", 35.0),
@@ -78,71 +75,6 @@ def _commands(client: redis.Redis) -> Counter:
             if k not in ("cmdstat_info",)
         }
     )
-
-
-@contextmanager
-def _process(code: Path, args: list[str], env: dict[str, str], log: Path):
-    """A `microbatch` role run from the checkout `code` (its own modules first on the path)."""
-    env = {**env, "PYTHONPATH": str(code)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "common.cli", *args],
-            cwd=code,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # --processes children go with it
-        )
-    try:
-        yield proc
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
-def _ready(url: str, model: str) -> bool:
-    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
-        body = httpx.get(f"{url}/readyz", timeout=2).json()
-        return int(body["models"][model]["live_workers"]) >= 1
-    return False
-
-
-def _group(pgid: int) -> list[int]:
-    """The processes of a process group (a gateway and its `--processes` children)."""
-    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-@contextmanager
-def _stack(
-    code: Path,
-    redis_url: str,
-    folder: Path,
-    processes: int = 1,
-    model: str = MODEL,
-    device: str | None = None,
-):
-    """One worker and one gateway (of `processes` processes) of `model`: its URL, and the
-    pids of each role (for CPU per request)."""
-    common = {"model": model, "redis_url": redis_url, "max_queue_depth": 100_000}
-    if device is not None:
-        common["device"] = device
-    port = free_port()
-    with ExitStack() as stack:
-        worker = stack.enter_context(
-            _process(code, ["worker"], env_with(worker_id="w0", **common), folder / "w0.log")
-        )
-        extra = {"processes": processes} if processes > 1 else {}
-        env = env_with(port=port, gateway_id="gw", **common, **extra)
-        gateway = stack.enter_context(_process(code, ["gateway"], env, folder / f"gw-{port}.log"))
-        url = f"http://127.0.0.1:{port}"
-        poll(lambda: _ready(url, model), 300, f"gateway on {port} with a live worker")
-        yield url, {"gateway": _group(gateway.pid), "worker": [worker.pid]}
 
 
 def _bulk(
@@ -255,28 +187,6 @@ def _redis_cpu(client: redis.Redis) -> float:
     return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
 
-def _drain(code: Path, redis_url: str, folder: Path, entries: int, device_ms: float = 0.0) -> dict:
-    """One `noop` worker alone draining a backlog of one-text entries (`worker_drain.py`, run
-    with the tree's own modules, so in its own wire format): its CPU per entry; with
-    `device_ms`, against a simulated device taking that long per batch."""
-    folder.mkdir(parents=True, exist_ok=True)
-    device = {"noop_compute_ms": device_ms} if device_ms else {}
-    env = env_with(worker_id="drain", model=MODEL, redis_url=redis_url, **device)
-    with _process(code, ["worker"], env, folder / "drain-worker.log") as worker:
-        helper = [sys.executable, str(ROOT / "benchmarks" / "worker_drain.py"), redis_url]
-        helper += [str(entries), str(worker.pid), str(device_ms)]
-        done = subprocess.run(
-            helper, env={**env, "PYTHONPATH": str(code)}, capture_output=True, text=True
-        )
-    if done.returncode:
-        return {"error": (done.stderr or done.stdout).strip()[-300:]}
-    return json.loads(done.stdout)
-
-
-def _supports_processes(code: Path) -> bool:
-    return "processes" in (code / "common" / "settings.py").read_text()
-
-
 def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> dict:
     client = redis.Redis.from_url(redis_url)
     texts = loadgen.workload("short", args.bulk)
@@ -284,14 +194,14 @@ def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> 
     out: dict = {"code": str(code)}
     if args.drain_entries:
         client.flushall()
-        out["drain"] = _drain(code, redis_url, folder / f"{label}-drain", args.drain_entries)
+        out["drain"] = drain(code, redis_url, folder / f"{label}-drain", args.drain_entries)
         if args.device_ms:
             client.flushall()
-            out["drain_device"] = _drain(
+            out["drain_device"] = drain(
                 code, redis_url, folder / f"{label}-device", args.drain_entries, args.device_ms
             )
     client.flushall()
-    with _stack(code, redis_url, folder / label, 1, args.model, args.device) as (url, pids):
+    with stack(code, redis_url, folder / label, 1, args.model, args.device) as (url, pids):
         for fmt in ("float", "base64"):
             out[f"bulk_{fmt}"] = _bulk(url, client, texts, fmt, args.bulk_requests, args.model)
         for clients in (int(c) for c in args.bulk_clients.split(",")):
@@ -303,10 +213,10 @@ def measure_tree(label: str, code: Path, args, redis_url: str, folder: Path) -> 
             return out
         out["wrk64"] = _single(url, client, script, args.connections, args.duration, pids)
         out["wrk1"] = _single(url, client, script, 1, args.duration, pids)
-    if _supports_processes(code) and args.processes > 1 and not args.bulk_only:
+    if supports_processes(code) and args.processes > 1 and not args.bulk_only:
         client.flushall()
         p_folder = folder / f"{label}-p"
-        with _stack(code, redis_url, p_folder, processes=args.processes) as (url, pids):
+        with stack(code, redis_url, p_folder, processes=args.processes) as (url, pids):
             out[f"wrk64_processes_{args.processes}"] = _single(
                 url, client, script, args.connections, args.duration, pids
             )
