@@ -28,7 +28,7 @@ duplicate_replies_total = Counter(
 # Worker
 queue_wait_seconds = Histogram(
     "microbatch_queue_wait_seconds",
-    "Enqueue to compute start of a queue entry's first rows (one per entry)",
+    "Enqueue to compute start of a queue entry's first rows (one per answered entry)",
     ["model", "bucket"],
     buckets=LATENCY_BUCKETS,
 )

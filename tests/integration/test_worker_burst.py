@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from common import streams
 from common.protocol import (
@@ -307,3 +308,23 @@ def test_a_queued_batch_reports_its_own_compute_time_not_its_wait(redis_url: str
     assert len(runner.batches) == 2
     times = [replies[e.id].compute_ms for e in entries]  # type: ignore[union-attr]
     assert all(150 <= t < 350 for t in times), times
+
+
+def _queue_wait(stat: str) -> float:
+    labels = {"model": "noop", "bucket": "128"}
+    return REGISTRY.get_sample_value(f"microbatch_queue_wait_seconds_{stat}", labels) or 0.0
+
+
+def test_queue_wait_is_observed_once_per_entry_up_to_its_batch_s_real_start(
+    redis_url: str,
+) -> None:
+    """The second batch is handed over while the first computes, then waits ~0.2 s on the
+    compute thread: that wait is queueing, and each entry is observed once."""
+    count, total = _queue_wait("count"), _queue_wait("sum")
+    entries = [_entry(i, [1] * 5) for i in range(32)]
+    replies, runner, _ = asyncio.run(_burst(redis_url, entries, runner=_Slow()))
+    assert len(runner.batches) == 2
+    assert _queue_wait("count") - count == 32
+    waits = [replies[e.id].queue_ms for e in entries]  # type: ignore[union-attr]
+    assert sum(w >= 150 for w in waits) == 16, waits  # the second batch's entries
+    assert _queue_wait("sum") - total >= 16 * 0.15

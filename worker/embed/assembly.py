@@ -53,12 +53,6 @@ class Assembly:
     def entry(self) -> RequestEntry:
         return self.held.entry  # type: ignore[return-value]
 
-    def started(self, n: int) -> bool:
-        """`n` of its rows went into a batch; True if they are its first to."""
-        first = not (self.computing or self.done)
-        self.computing += n
-        return first
-
     def filled(self, indices: list[int], results: list[object], facts: BatchFacts) -> None:
         """Rows of this entry that one batch computed: their indices in the entry, and each
         one's vector or exception (a row's vector may be a view into the batch's output)."""
@@ -85,8 +79,8 @@ class Assembly:
         self.batch_ids.append(facts.batch_id)
         self.batch_size = max(self.batch_size, facts.size)
         self.compute_s += facts.compute_s
-        if self.first_start_ms is None:
-            self.first_start_ms = facts.start_ms
+        if self.first_start_ms is None or facts.start_ms < self.first_start_ms:
+            self.first_start_ms = facts.start_ms  # batches on two streams end out of order
 
     @property
     def settled(self) -> bool:

@@ -263,6 +263,9 @@ class EmbedLoop:
             held = assembly.held
             del self._entries[(held.stream, held.entry_id)]
             done.append((held.stream, held.entry_id))
+            if assembly.first_start_ms is not None:  # once, to its first batch's real start
+                wait_ms = max(0, assembly.first_start_ms - assembly.entry.enqueued_ms)
+                self._metrics.of(held.bucket).queue_wait.observe(wait_ms / 1000)
             reply = assembly.reply(held.bucket, self._intake.name, now_ms)
             if reply is not None:
                 replies.append(reply)
@@ -276,10 +279,8 @@ class EmbedLoop:
         members = self._rows.take(batch.bucket, batch.keys)
         entries = by_entry(members)
         now_ms = wall_ms()
-        queue_wait = self._metrics.of(batch.bucket).queue_wait
         for assembly, indices, _ in entries:
-            if assembly.started(len(indices)):  # an entry's wait ends with its first batch
-                queue_wait.observe(max(0, now_ms - assembly.entry.enqueued_ms) / 1000)
+            assembly.computing += len(indices)
         self._intake.changed.set()  # room for the reader
         # Submitted here, not in the task: the compute thread starts now, not a loop turn
         # later, behind whatever else is ready (the reader's next XREADGROUP, most often).
