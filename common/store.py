@@ -101,10 +101,20 @@ class ClusterUnavailable(RedisConnectionError):
 
 
 class StoreCluster(RedisCluster):
-    """redis-py's cluster client with its topology errors raised as `RedisError`s, and its
-    seed nodes never forgotten: it drops a node from its startup list on every connection
-    error, and with all of them dropped (a whole-cluster restart) it could never reconnect.
+    """redis-py's cluster client with its topology errors raised as `RedisError`s, its
+    seed nodes never forgotten (it drops a node from its startup list on every connection
+    error, and with all of them dropped, a whole-cluster restart, it could never reconnect),
+    and every node's commands packed by hiredis, as the single-server pool's are.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # `connection_kwargs` is the dict the nodes manager builds every node it discovers
+        # from; the seed nodes were built already.
+        packed = _packed_by_hiredis(self.connection_kwargs["connection_class"])
+        self.connection_kwargs["connection_class"] = packed
+        for node in self.startup_nodes:
+            node.connection_class = packed
 
     async def initialize(self) -> RedisCluster:
         for node in self.startup_nodes:  # the nodes the URL named
