@@ -14,7 +14,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from redis.exceptions import RedisError, ResponseError
@@ -27,6 +26,7 @@ from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
 from worker import recovery
+from worker.held import Held
 from worker.replies import Done, Reply, error_reply
 from worker.utilization import Utilization
 
@@ -41,17 +41,6 @@ def _unhandled(exc: BaseException) -> None:
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(slots=True)
-class Held:
-    """An entry this worker has read and not yet answered."""
-
-    entry: recovery.Entry
-    stream: str
-    entry_id: str
-    arrived_s: float
-    bucket: int
 
 
 class Loop(Protocol):

@@ -7,7 +7,7 @@ import numpy as np
 from common.protocol import RequestEntry, pack_rows
 from worker.embed.assembly import Assembly
 from worker.embed.row_queues import RowQueues
-from worker.intake import Held
+from worker.held import Held
 
 
 def _assembly(name: str, lengths: list[int], arrived_s: float) -> Assembly:

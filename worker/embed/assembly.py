@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.protocol import EmbeddingResult, RequestEntry, encode
-from worker.intake import Held
+from worker.held import Held
 from worker.replies import Reply, error_reply
 
 

@@ -35,7 +35,8 @@ from worker.embed.parallelism import Parallelism
 from worker.embed.row_queues import Row, RowQueues
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
-from worker.intake import Held, Intake, wall_ms
+from worker.held import Held
+from worker.intake import Intake, wall_ms
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
 

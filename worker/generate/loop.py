@@ -27,7 +27,8 @@ from worker.generate.engine import Admission, GenerationEngine, Picked
 from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
 from worker.generate.structure import Constraint, Grammars
-from worker.intake import Held, Intake, wall_ms
+from worker.held import Held
+from worker.intake import Intake, wall_ms
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
 

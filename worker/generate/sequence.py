@@ -20,7 +20,7 @@ from worker.generate.logprobs import concat
 from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
 from worker.generate.structure import Constraint
-from worker.intake import Held
+from worker.held import Held
 from worker.replies import Reply
 
 log = logging.getLogger("microbatch.worker")
