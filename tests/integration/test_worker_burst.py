@@ -328,3 +328,34 @@ def test_queue_wait_is_observed_once_per_entry_up_to_its_batch_s_real_start(
     waits = [replies[e.id].queue_ms for e in entries]  # type: ignore[union-attr]
     assert sum(w >= 150 for w in waits) == 16, waits  # the second batch's entries
     assert _queue_wait("sum") - total >= 16 * 0.15
+
+
+class _SlowFirst(RecordingRunner):
+    def __init__(self, first_s: float) -> None:
+        super().__init__()
+        self._first_s = first_s
+
+    def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
+        if not self.batches:
+            time.sleep(self._first_s)
+        return super().embed(rows, threads)
+
+
+def test_a_queued_batch_whose_deadline_passes_is_revoked_just_after_the_gateway_s_answer(
+    redis_url: str,
+) -> None:
+    """While the first batch computes for 0.8 s, the second waits behind it with a 0.2 s
+    deadline. The loop wakes `DEADLINE_GRACE_S` past that deadline (the gateway, which owns
+    it, answers the client first), takes the batch back before it starts, and answers 504:
+    not at the deadline itself, and not only once the first batch ends."""
+    kept = [_entry(i, [1] * 5) for i in range(16)]
+    late = [_entry(16 + i, [1] * 5, deadline_in_ms=200) for i in range(16)]
+    replies, runner, left = asyncio.run(_burst(redis_url, kept + late, runner=_SlowFirst(0.8)))
+    assert runner.batches == [[5] * 16]  # the late ones never computed
+    assert all(isinstance(replies[e.id], EmbeddingResult) for e in kept)
+    for entry in late:
+        reply = replies[entry.id]
+        assert isinstance(reply, ErrorReply) and reply.status == 504
+        late_ms = int(reply.message.split()[2])  # "deadline passed N ms before compute"
+        assert 100 <= late_ms < 500, reply.message  # the grace, then at once
+    assert left == 0
