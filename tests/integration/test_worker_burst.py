@@ -359,3 +359,25 @@ def test_a_queued_batch_whose_deadline_passes_is_revoked_just_after_the_gateway_
         late_ms = int(reply.message.split()[2])  # "deadline passed N ms before compute"
         assert 100 <= late_ms < 500, reply.message  # the grace, then at once
     assert left == 0
+
+
+class _OnAGrid(RecordingRunner):
+    """Computes every batch at its longest row rounded up to 16, as bfloat16 does on a CPU."""
+
+    def padded_width(self, longest: int) -> int:
+        return -(-longest // 16) * 16
+
+
+def _batch_metric(name: str) -> float:
+    labels = {"model": "noop", "bucket": "128"}
+    return REGISTRY.get_sample_value(f"microbatch_{name}_sum", labels) or 0.0
+
+
+def test_batch_metrics_count_the_padding_the_runner_computes(redis_url: str) -> None:
+    tokens, padding = _batch_metric("batch_tokens"), _batch_metric("padding_ratio")
+    entries = [_entry(i, [1] * 5) for i in range(16)]
+    replies, runner, _ = asyncio.run(_burst(redis_url, entries, runner=_OnAGrid()))
+    assert runner.batches == [[5] * 16]
+    assert all(isinstance(replies[e.id], EmbeddingResult) for e in entries)
+    assert _batch_metric("batch_tokens") - tokens == 16 * 16  # not 16 x 5
+    assert _batch_metric("padding_ratio") - padding == pytest.approx(1 - 5 / 16)

@@ -351,8 +351,9 @@ class EmbedLoop:
     ) -> None:
         series = self._metrics.of(batch.bucket)
         series.batch_size.observe(len(members))
-        series.batch_tokens.observe(batch.padded_tokens)
-        series.padding_ratio.observe(1 - batch.real_tokens / batch.padded_tokens)
+        computed = self._computed_tokens(batch, len(members))
+        series.batch_tokens.observe(computed)
+        series.padding_ratio.observe(1 - batch.real_tokens / computed)
         series.compute_seconds.observe(compute_s)
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
         self._rate.observe(len(members), compute_s)
@@ -371,6 +372,13 @@ class EmbedLoop:
                     "request_ids": sorted({a.entry.request_id for a, _ in members}),
                 },
             )
+
+    def _computed_tokens(self, batch: Batch, size: int) -> int:
+        """Padded tokens as the runner computed them: the longest row rounded up to its grid
+        (bfloat16 on a CPU), which the policy, choosing among lengths, leaves out."""
+        width = getattr(self._runner, "padded_width", None)
+        longest = batch.padded_tokens // size
+        return (width(longest) if width is not None else longest) * size
 
     async def finish(self) -> None:
         """Wait for every batch still computing."""

@@ -75,6 +75,13 @@ class ClassifierRunner:
             if traced is not None:
                 self._score, self.traced = traced, True
 
+    def padded_width(self, longest: int) -> int:
+        """The length a batch whose longest row has `longest` tokens is computed at (its
+        grid, where one applies): what the batch metrics count as padded."""
+        from worker.embed.collate import padded_length
+
+        return padded_length(longest, self._multiple, self._limit)
+
     def embed(self, rows: Sequence[np.ndarray], threads: int | None = None) -> list[RowResult]:
         use_threads(threads)
         return isolate_failures(self._forward, rows)
