@@ -25,6 +25,7 @@ TEXTS = [
 def test_bfloat16_embeddings_are_float32_unit_vectors_near_the_reference(reference_model):
     half = load_model(Settings(model="all-MiniLM-L6-v2", dtype="bfloat16"))
     assert half.runner.dtype == "bfloat16"
+    assert (half.runner.padded_width(17), half.runner.padded_width(510)) == (32, 512)
     tokenizer = reference_model.tokenizer
     rows = [np.asarray(tokenizer(t)["input_ids"], dtype=np.uint32) for t in TEXTS]
     got = np.stack(half.runner.embed(rows))
@@ -62,6 +63,9 @@ def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path, mo
     widths.clear()
     got = np.stack(half.runner.embed(rows))[:, 0]
     assert widths and all(w % 16 == 0 for w in widths)  # bfloat16 on a CPU: the kernel grid
+    longest = max(len(r) for r in rows)
+    assert half.runner.padded_width(longest) == widths[0]  # what the batch metrics count
+    assert full.runner.padded_width(longest) == longest
     assert got.dtype == np.float32
     alone = np.stack([half.runner.embed([row])[0] for row in rows[:5]])[:, 0]
     assert np.abs(alone - got[:5]).max() <= 0.02  # the grid's padding is masked, not scored
