@@ -62,6 +62,8 @@ class EmbedLoop:
         self._settings = settings
         self._intake = intake
         self._runner = runner
+        # the width a runner computes a batch at (a grid in bfloat16 on a CPU), if it says
+        self._padded_width: Callable[[int], int] | None = getattr(runner, "padded_width", None)
         self._profiler = profiler
         self._clock = clock
         self._model = intake.model
@@ -376,8 +378,8 @@ class EmbedLoop:
     def _computed_tokens(self, batch: Batch, size: int) -> int:
         """Padded tokens as the runner computed them: the longest row rounded up to its grid
         (bfloat16 on a CPU), which the policy, choosing among lengths, leaves out."""
-        width = getattr(self._runner, "padded_width", None)
         longest = batch.padded_tokens // size
+        width = self._padded_width
         return (width(longest) if width is not None else longest) * size
 
     async def finish(self) -> None:
