@@ -42,10 +42,15 @@ class Backoff:
 
 
 async def until_ok(
-    op: Callable[[], Awaitable[object]], stop: asyncio.Event, log: logging.Logger, what: str
+    op: Callable[[], Awaitable[object]],
+    stop: asyncio.Event,
+    log: logging.Logger,
+    what: str,
+    backoff: Backoff | None = None,
 ) -> bool:
-    """Run `op` until Redis answers or `stop` is set; whether it succeeded."""
-    backoff = Backoff()
+    """Run `op` until Redis answers or `stop` is set; whether it succeeded. Only a Redis
+    error is retried: anything else is the caller's bug or configuration, raised at once."""
+    backoff = backoff or Backoff()
     while not stop.is_set():
         try:
             await op()

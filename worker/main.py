@@ -9,18 +9,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 
 from common import gc_tuning, streams
-from common.backoff import Backoff
+from common.backoff import Backoff, until_ok
 from common.protocol import ModelInfo, encode
 from common.settings import Settings
 from common.store import Store, check_access, close_store, open_store
 from worker.compute_threads import ComputeThreads
-from worker.consumer import Consumer, RunningLoop
-from worker.intake import Intake
+from worker.consumer import Consumer, RunningLoop, compose
 from worker.loading import LoadedModel, load_model
 from worker.profiling import BatchProfiler
 from worker.recovery import EntryLimits
+from worker.wiring import Wiring
 
 log = logging.getLogger("microbatch.worker")
 
@@ -95,7 +96,7 @@ def embedding_options(settings: Settings, model: LoadedModel) -> dict:
 def build_consumer(
     settings: Settings, store: Store, model: LoadedModel, compute: ComputeThreads
 ) -> Consumer:
-    """The intake and the loop for the model's kind, composed."""
+    """The worker's parts around the loop for the model's kind, composed."""
     limits = EntryLimits(
         model=settings.served_name,
         max_tokens=model.max_tokens,
@@ -104,28 +105,34 @@ def build_consumer(
         generates=model.kind == "causal-lm",
     )
     name = settings.process_id("worker")
-    intake = Intake(settings, store, limits, name, lambda: register(store, settings, model))
     profiler = batch_profiler(settings, name)
-    loop: RunningLoop
+    make_loop: Callable[[Wiring], RunningLoop]
     if model.kind == "causal-lm":
         from tokenizers import Tokenizer
 
         from worker.generate.loop import GenerationLoop
 
         tokenizer = Tokenizer.from_str(model.files.tokenizer_json)
-        loop = GenerationLoop(
-            settings,
-            intake,
-            model.runner,  # type: ignore[arg-type]
-            tokenizer,
-            compute,
-            profiler=profiler,
-        )
+        engine = model.runner
+
+        def make_loop(wiring: Wiring) -> RunningLoop:
+            return GenerationLoop(
+                settings,
+                wiring,
+                engine,
+                tokenizer,
+                compute,
+                profiler=profiler,  # type: ignore[arg-type]
+            )
     else:
         from worker.embed.loop import EmbedLoop
 
-        loop = EmbedLoop(settings, intake, model.runner, compute, profiler=profiler)  # type: ignore[arg-type]
-    return Consumer(intake, loop, compute)
+        def make_loop(wiring: Wiring) -> RunningLoop:
+            return EmbedLoop(settings, wiring, model.runner, compute, profiler=profiler)  # type: ignore[arg-type]
+
+    return compose(
+        settings, store, limits, name, make_loop, lambda: register(store, settings, model), compute
+    )
 
 
 def batch_profiler(settings: Settings, name: str) -> BatchProfiler | None:
@@ -148,13 +155,15 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
         model = await asyncio.wrap_future(compute.first.submit(load_model, settings))
         consumer = build_consumer(settings, store, model, compute)
         gc_tuning.freeze_startup_heap()  # the model's Python objects leave every later scan
-        backoff = Backoff(first_s=0.5, cap_s=0.5)
-        while not stop.is_set():
-            try:
-                await register(store, settings, model)
-                break
-            except Exception as exc:  # Redis not up yet: keep trying until stopped
-                await backoff.wait(log, f"registering {settings.served_name}", exc)
+        # Only an outage is worth retrying; a configuration error (a `default_prompt_name`
+        # the model lacks) raises at once, so the process exits with its message.
+        await until_ok(
+            lambda: register(store, settings, model),
+            stop,
+            log,
+            f"registering {settings.served_name}",
+            backoff=Backoff(first_s=0.5, cap_s=0.5),
+        )
         log.info("worker %s serving %s as %s", consumer.name, settings.model, settings.served_name)
         await consumer.run(stop)
         if consumer.crashed is not None:

@@ -11,40 +11,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
 from common import metrics, streams
 from common.store import Store
+from worker.intake import Intake
+from worker.leases import Leases
 
 log = logging.getLogger("microbatch.worker")
 
-Accept = Callable[[Sequence[streams.StreamEntry], dict[str, int]], Awaitable[None]]
-
 
 class Reclaimer:
+    """Brings the intake what peers (and this worker's past self) left pending, and keeps
+    this worker's own leases fresh. It asks two questions, as callables: whether the loop is
+    hung (then it neither renews nor claims) and which dead peers' streams to drain."""
+
     def __init__(
         self,
         store: Store,
-        consumer: str,
-        request_streams: list[str],
+        intake: Intake,
+        leases: Leases,
         *,
         claim_idle_ms: int,
-        accept: Accept,
-        room: Callable[[], int],
-        owned: set[tuple[str, str]],
         hung: Callable[[], bool],
-        orphans: Callable[[], Awaitable[list[str]]] | None = None,
+        orphans: Callable[[], Awaitable[list[str]]],
     ) -> None:
         self._store = store
-        self._consumer = consumer
-        self._streams = request_streams
+        self._intake = intake
+        self._consumer = intake.name
+        self._streams = intake.streams
+        self._leases = leases
         self._claim_idle_ms = claim_idle_ms
-        self._accept = accept
-        self._room = room
-        self._owned = owned  # shared with the consumer: (stream, id) held or computing
         self._hung = hung
         self._orphans = orphans
 
@@ -62,7 +61,7 @@ class Reclaimer:
                 ids = [e.entry_id for e in read]
                 counts = await streams.delivery_counts(self._store, stream, ids)
                 metrics.redeliveries_total.inc(len(read))
-                await self._accept(read, counts)
+                await self._intake.accept(read, counts)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renew leases every third of `claim_idle_ms`; reclaim from peers every half."""
@@ -86,8 +85,6 @@ class Reclaimer:
     async def adopt_orphans(self, stop: asyncio.Event, period_s: float) -> None:
         """Every `period_s`, take what a dead peer's own (affinity) stream holds: entries
         it never read at once, those it was computing once idle for `claim_idle_ms`."""
-        if self._orphans is None:
-            return
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
@@ -101,7 +98,7 @@ class Reclaimer:
                 log.warning("adopting a dead peer's entries failed: %s", exc)
 
     async def _adopt(self, stream: str) -> None:
-        while (room := self._room()) > 0:
+        while (room := self._intake.room()) > 0:
             read = await streams.read_group(
                 self._store, self._consumer, {stream: ">"}, count=room, block_ms=None
             )
@@ -109,36 +106,33 @@ class Reclaimer:
                 break
             log.warning("took %d entries from the stream of dead peer %s", len(read), stream)
             metrics.redeliveries_total.inc(len(read))
-            await self._accept(read, {})
+            await self._intake.accept(read, {})
         await self._reclaim(stream)
 
     async def _renew(self) -> None:
-        by_stream: dict[str, list[str]] = defaultdict(list)
-        for stream, entry_id in self._owned:
-            by_stream[stream].append(entry_id)
-        for stream, ids in by_stream.items():
+        for stream, ids in self._leases.by_stream().items():
             await streams.renew_leases(self._store, stream, self._consumer, ids)
 
     async def _reclaim(self, stream: str) -> None:
         cursor = "0-0"
-        while self._room() > 0:
+        while self._intake.room() > 0:
             cursor, claimed, deleted = await streams.autoclaim(
                 self._store,
                 stream,
                 self._consumer,
                 min_idle_ms=self._claim_idle_ms,
                 start=cursor,
-                count=self._room(),
+                count=self._intake.room(),
             )
             if deleted:
                 log.warning("%d pending entries on %s had lost their payload", len(deleted), stream)
                 metrics.dead_letters_total.inc(len(deleted))
             # Our own entries are not redeliveries: claiming them only renewed them.
-            claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._owned]
+            claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._leases]
             if claimed:
                 ids = [e.entry_id for e in claimed]
                 counts = await streams.delivery_counts(self._store, stream, ids)
                 metrics.redeliveries_total.inc(len(claimed))
-                await self._accept(claimed, counts)
+                await self._intake.accept(claimed, counts)
             if cursor == "0-0":
                 return

@@ -27,10 +27,9 @@ from common.protocol import (
 from common.settings import Settings
 from common.store import close_store, open_store
 from worker.compute_threads import ComputeThreads
-from worker.consumer import Consumer
+from worker.consumer import compose
 from worker.embed.loop import EmbedLoop
 from worker.embed.runners.base import RowResult, isolate_failures
-from worker.intake import Intake
 from worker.recovery import EntryLimits
 
 REPLY = "mb:reply:burst-test"
@@ -117,10 +116,17 @@ async def _burst(
         async def register() -> None:
             return None
 
-        intake = Intake(settings, store, limits, "burst", register)
         runner = runner or RecordingRunner()
         compute = compute or ComputeThreads()
-        consumer = Consumer(intake, EmbedLoop(settings, intake, runner, compute), compute)
+        consumer = compose(
+            settings,
+            store,
+            limits,
+            "burst",
+            lambda wiring: EmbedLoop(settings, wiring, runner, compute),
+            register,
+            compute,
+        )
         await asyncio.wait_for(consumer.run_until_idle(), 60)
         assert consumer.crashed is None
         read = await streams.read_replies(store, REPLY, "0-0", count=1000, block_ms=None)

@@ -153,9 +153,8 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
     from common.settings import Settings
     from common.store import close_store, open_store
     from worker.compute_threads import ComputeThreads
-    from worker.consumer import Consumer
+    from worker.consumer import compose
     from worker.embed.loop import EmbedLoop
-    from worker.intake import Intake
     from worker.recovery import EntryLimits
 
     class Buggy:
@@ -173,9 +172,16 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
         async def register() -> None:
             return None
 
-        intake = Intake(settings, store, limits, "buggy", register)
         compute = ComputeThreads()
-        consumer = Consumer(intake, EmbedLoop(settings, intake, Buggy(), compute), compute)
+        consumer = compose(
+            settings,
+            store,
+            limits,
+            "buggy",
+            lambda wiring: EmbedLoop(settings, wiring, Buggy(), compute),
+            register,
+            compute,
+        )
         now = int(time.time() * 1000)
         entry = RequestEntry(
             id="x.0",

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from common.clock import wall_ms
 from worker.embed.assembly import Assembly
 from worker.embed.batching import Batch
 from worker.embed.row_queues import Row
-from worker.intake import wall_ms
 
 Part = tuple[Assembly, list[int], list[int]]  # an entry, its rows' indices, their places
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from common import metrics
+from common.clock import wall_ms
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
@@ -36,9 +37,9 @@ from worker.embed.row_queues import Row, RowQueues
 from worker.embed.runners.base import Runner
 from worker.embed.window import ServiceRate, read_window
 from worker.held import Held
-from worker.intake import Intake, wall_ms
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
+from worker.wiring import Wiring
 
 log = logging.getLogger("microbatch.worker")
 DRAIN_POLL_S = 0.05
@@ -53,21 +54,25 @@ class EmbedLoop:
     def __init__(
         self,
         settings: Settings,
-        intake: Intake,
+        wiring: Wiring,
         runner: Runner,
         compute: ComputeThreads,
         clock: Callable[[], float] = time.monotonic,
         profiler: BatchProfiler | None = None,
     ) -> None:
         self._settings = settings
-        self._intake = intake
+        self._name = wiring.name
+        self._inbox = wiring.inbox
+        self._publisher = wiring.publisher
+        self._supervisor = wiring.supervisor
         self._runner = runner
         # the width a runner computes a batch at (a grid in bfloat16 on a CPU), if it says
         self._padded_width: Callable[[int], int] | None = getattr(runner, "padded_width", None)
         self._profiler = profiler
         self._clock = clock
-        self._model = intake.model
+        self._model = wiring.model
         self._limits = Limits.from_settings(settings)
+        self._overrides = self._inbox.overrides  # the live settings applied
         self._rows = RowQueues(settings.buckets)
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
         # what `_drop_unwanted` last looked at: the cancel set, and the next deadline due
@@ -90,9 +95,8 @@ class EmbedLoop:
         self._metrics = BatchMetrics(self._model)
         self._rate = ServiceRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
-        intake.feed(self)
 
-    # ---- what the intake asks ---------------------------------------------------------------
+    # ---- what the intake and the liveness part ask ----------------------------------------
 
     @property
     def held(self) -> int:
@@ -128,11 +132,18 @@ class EmbedLoop:
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n)
         self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
-        if assembly.entry.id in self._intake.cancelled:
+        if assembly.entry.id in self._inbox.cancelled:
             self._cancelled_seen = None  # cancelled before it arrived: look at once
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
+        self._inbox.wake()
 
-    def live_limits(self, overrides: dict[str, str]) -> None:
+    def _apply_overrides(self) -> None:
+        """The batching limits an operator set in Redis (`microbatch tune`), when the
+        liveness part posted new ones."""
+        overrides = self._inbox.overrides
+        if overrides is self._overrides:
+            return
+        self._overrides = overrides
         base = Limits.from_settings(self._settings)
         try:
             limits = base.with_overrides(overrides, self._settings.max_tokens)
@@ -142,27 +153,30 @@ class EmbedLoop:
         if limits != self._limits:
             log.info("batching limits now %s", limits)
             self._limits = limits
-            self._intake.changed.set()
 
     # ---- scheduling ------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event, reading: Callable[[], bool]) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
         """Schedule until `stop` and, after it, until everything held is answered."""
-        drain = Limits(self._limits.max_batch_size, self._limits.max_batch_tokens, 0.0)
         while True:
             draining = stop.is_set()
-            await self._drop_unwanted()
-            timeout = self._start_what_may_run(drain if draining else self._limits)
+            self._apply_overrides()
+            self._drop_unwanted()
+            timeout = self._start_what_may_run(self._draining() if draining else self._limits)
             if timeout == 0.0:
                 continue  # a batch started: ask again at once
-            if draining and not reading() and not self.held and not self._computing:
+            if draining and not self._inbox.reading and not self.held and not self._computing:
                 return
             if draining:
                 timeout = DRAIN_POLL_S if timeout is None else min(timeout, DRAIN_POLL_S)
             if self._behind:  # revoke it before it starts if a deadline passes first
                 due_s = max(0.0, (self._next_deadline_ms - wall_ms()) / 1000 + DEADLINE_GRACE_S)
                 timeout = due_s if timeout is None else min(timeout, due_s)
-            await self._intake.wait_changed(timeout)
+            await self._inbox.wait(timeout)
+
+    def _draining(self) -> Limits:
+        """Past `stop`, nothing more will arrive: no batch waits for company."""
+        return Limits(self._limits.max_batch_size, self._limits.max_batch_tokens, 0.0)
 
     def _start_what_may_run(self, limits: Limits) -> float | None:
         """Start the batch the policy picks, if a stream is free: 0.0 when one started, else
@@ -228,11 +242,11 @@ class EmbedLoop:
         rates = self._observed.rates(self._clock())
         return Load(cost, rates, len(self._computing), per_bucket)
 
-    async def _drop_unwanted(self) -> None:
+    def _drop_unwanted(self) -> None:
         """Before any compute: drop the queued rows of entries whose client left (acked) or
         whose deadline passed while they waited here (answered 504), once none of their rows
         is computing (read early, within `sort_window`)."""
-        cancelled, now_ms = self._intake.cancelled, wall_ms()
+        cancelled, now_ms = self._inbox.cancelled, wall_ms()
         if cancelled is self._cancelled_seen and now_ms < self._next_deadline_ms:
             return  # no new cancellations and no deadline passed: nothing to look for
         self._cancelled_seen = cancelled
@@ -255,7 +269,8 @@ class EmbedLoop:
             skipped += self._rows.drop(assembly)
         metrics.cancelled_total.inc(skipped)
         replies, done = self._settle(dropped, now_ms)
-        await self._intake.publish(replies, done)
+        self._publisher.post(replies, done)
+        self._inbox.room_freed()
 
     def _settle(self, assemblies: list[Assembly], now_ms: int) -> tuple[list[Reply], list[Done]]:
         """The replies and acks of those entries that are settled, which leave the loop."""
@@ -269,7 +284,7 @@ class EmbedLoop:
             if assembly.first_start_ms is not None:  # once, to its first batch's real start
                 wait_ms = max(0, assembly.first_start_ms - assembly.entry.enqueued_ms)
                 self._metrics.of(held.bucket).queue_wait.observe(wait_ms / 1000)
-            reply = assembly.reply(held.bucket, self._intake.name, now_ms)
+            reply = assembly.reply(held.bucket, self._name, now_ms)
             if reply is not None:
                 replies.append(reply)
         return replies, done
@@ -284,7 +299,7 @@ class EmbedLoop:
         now_ms = wall_ms()
         for assembly, indices, _ in entries:
             assembly.computing += len(indices)
-        self._intake.changed.set()  # room for the reader
+        self._inbox.room_freed()
         # Submitted here, not in the task: the compute thread starts now, not a loop turn
         # later, behind whatever else is ready (the reader's next XREADGROUP, most often).
         rows = [a.rows[i] for a, i in members]
@@ -297,7 +312,7 @@ class EmbedLoop:
         task = spawn_supervised(
             "batch",
             self._finish_batch(batch, members, entries, threads, computed),
-            self._batch_ended,
+            self._supervisor.ended,
         )
         if behind:
             self._behind[task] = Behind(submitted, batch, members, entries)
@@ -310,11 +325,8 @@ class EmbedLoop:
         for waiting in self._behind:  # it starts now: `hung` times it from here
             threads, _, stream = self._computing[waiting]
             self._computing[waiting] = (threads, self._clock(), stream)
-        self._intake.changed.set()  # a stream is free
-
-    def _batch_ended(self, exc: BaseException | None) -> None:
-        if exc is not None:
-            self._intake.crash(exc)
+        self._inbox.wake()  # a stream is free
+        self._inbox.room_freed()
 
     async def _finish_batch(
         self,
@@ -331,7 +343,7 @@ class EmbedLoop:
             raise ValueError(f"runner returned {len(results)} results for {len(members)} rows")
         self._observe(batch, members, compute_s, start_ms, threads)
         facts = BatchFacts(
-            f"{self._intake.name}:{next(self._batch_ids)}", len(members), start_ms, compute_s
+            f"{self._name}:{next(self._batch_ids)}", len(members), start_ms, compute_s
         )
         for assembly, indices, places in entries:
             ours = [results[place] for place in places]
@@ -345,7 +357,7 @@ class EmbedLoop:
             assembly.filled(indices, ours, facts)
         replies, done = self._settle([assembly for assembly, _, _ in entries], wall_ms())
         if done:
-            self._intake.publish_soon(replies, done)
+            self._publisher.post(replies, done)
         self.batches_run += 1
 
     def _observe(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from common import metrics
+from common.clock import wall_ms
 from common.protocol import GenerateEntry
 from common.settings import Settings
 from common.structure import StructureError
@@ -28,9 +29,9 @@ from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
 from worker.generate.structure import Constraint, Grammars
 from worker.held import Held
-from worker.intake import Intake, wall_ms
 from worker.profiling import BatchProfiler
-from worker.replies import Done, Reply
+from worker.replies import Done, Reply, error_reply
+from worker.wiring import Wiring
 
 log = logging.getLogger("microbatch.worker")
 DRAIN_POLL_S = 0.05
@@ -40,7 +41,7 @@ class GenerationLoop:
     def __init__(
         self,
         settings: Settings,
-        intake: Intake,
+        wiring: Wiring,
         engine: GenerationEngine,
         tokenizer: object,  # tokenizers.Tokenizer: decode(ids, skip_special_tokens)
         compute: ComputeThreads,
@@ -48,13 +49,15 @@ class GenerationLoop:
         profiler: BatchProfiler | None = None,
     ) -> None:
         self._settings = settings
-        self._intake = intake
+        self._name = wiring.name
+        self._inbox = wiring.inbox
+        self._publisher = wiring.publisher
         self._engine = engine
         self._profiler = profiler
         self._tokenizer = tokenizer
         self._executor = compute.first
         self._clock = clock
-        self._model = intake.model
+        self._model = wiring.model
         self._limits = EngineLimits.from_settings(settings)
         self._waiting: dict[int, Sequence] = {}
         self._running: dict[int, Sequence] = {}
@@ -63,18 +66,13 @@ class GenerationLoop:
         self._retire: list[int] = []  # rows to free before the next step
         self._names: dict[int, list[bytes]] = {}
         self._budgets: dict[int, int] = {}  # this step's prefill chunks, as planned
-        self._cache_seen = (
-            0,
-            0,
-            0,
-        )  # block manager counters already in the metrics  # waiting sequences' prefix block names
+        self._cache_seen = (0, 0, 0)  # block manager counters already in the metrics
         self._grammars: Grammars | None = None  # built at the first structured request
         self._step_started_s: float | None = None  # set while a step computes
         self.steps_run = 0
         self.batches_run = 0
-        intake.feed(self)
 
-    # ---- what the intake asks ---------------------------------------------------------------
+    # ---- what the intake and the liveness part ask ----------------------------------------
 
     @property
     def held(self) -> int:
@@ -106,13 +104,15 @@ class GenerationLoop:
         try:
             constraints = [self._constraint(entry) for _ in range(n)]
         except StructureError as exc:
-            error = self._intake.error(entry, 400, "invalid_request", f"response_format: {exc}")
-            self._intake.publish_soon([error], [(held.stream, held.entry_id)], ordered=True)
+            error = error_reply(
+                entry, 400, "invalid_request", f"response_format: {exc}", self._name
+            )
+            self._publisher.post([error], [(held.stream, held.entry_id)], ordered=True)
             return
         keys = [next(self._keys) for _ in range(n)]
         family = Family(keys, left=n)
         for choice, (key, constraint) in enumerate(zip(keys, constraints, strict=True)):
-            attempt = f"{self._intake.name}:{held.entry_id}:{key}"
+            attempt = f"{self._name}:{held.entry_id}:{key}"
             self._waiting[key] = Sequence.start(
                 held,
                 next(self._order),
@@ -123,6 +123,7 @@ class GenerationLoop:
                 choice,
                 constraint,
             )
+        self._inbox.wake()
 
     def _constraint(self, entry: object) -> Constraint | None:
         if not isinstance(entry, GenerateEntry) or not entry.response_format:
@@ -135,18 +136,17 @@ class GenerationLoop:
             )
         return self._grammars.constraint(entry.response_format, entry.json_schema)
 
-    def live_limits(self, overrides: dict[str, str]) -> None:
-        """Live settings tune embedding batches; a generation worker has none to apply."""
-
     # ---- the step loop ---------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event, reading: Callable[[], bool]) -> None:
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step until `stop` and, after it, until every sequence held has finished. (Live
+        batching settings tune embedding batches; a generation worker has none to apply.)"""
         loop = asyncio.get_running_loop()
         while True:
             replies, done = self._drop_unwanted()
             admitted = self._plan()
             if replies or done:
-                self._intake.publish_soon(replies, done, ordered=True)
+                self._publisher.post(replies, done, ordered=True)
             if self._running:
                 await self._step(loop, admitted)
                 continue
@@ -154,9 +154,9 @@ class GenerationLoop:
                 retire, self._retire = self._retire, []
                 await loop.run_in_executor(self._executor, self._engine.retire, retire)
                 continue  # entries may have arrived meanwhile: plan again before waiting
-            if stop.is_set() and not reading() and not self.held:
+            if stop.is_set() and not self._inbox.reading and not self.held:
                 return
-            await self._intake.wait_changed(DRAIN_POLL_S if stop.is_set() else None)
+            await self._inbox.wait(DRAIN_POLL_S if stop.is_set() else None)
 
     def _plan(self) -> list[tuple[int, Sequence]]:
         """Pause and admit as the policy says; the sequences admitted now."""
@@ -177,7 +177,7 @@ class GenerationLoop:
         for key, _ in admitted:
             self._names.pop(key, None)
         if admitted:
-            self._intake.changed.set()  # room for the reader again
+            self._inbox.room_freed()
         for key, seq in admitted:
             self._running[key] = seq
             if seq.queue_ms < 0:
@@ -237,7 +237,7 @@ class GenerationLoop:
                 continue
             self._observe_token(seq, now_s)
             text, finish = seq.advance(picked, self._engine.context)
-            chunk = seq.chunk(text, finish, self._intake.name)
+            chunk = seq.chunk(text, finish, self._name)
             if chunk is not None:
                 replies.append(chunk)
             if finish:
@@ -252,9 +252,9 @@ class GenerationLoop:
         metrics.kv_cache_usage_ratio.labels(self._model).set(self._engine.usage_ratio())
         self._count_cache()
         if replies or done:
-            self._intake.publish_soon(replies, done, ordered=True)
+            self._publisher.post(replies, done, ordered=True)
         if done:
-            self._intake.changed.set()  # room for the reader
+            self._inbox.room_freed()
 
     def _count_cache(self) -> None:
         """Move the block manager's counters into the metrics."""
@@ -285,7 +285,7 @@ class GenerationLoop:
     def _drop_unwanted(self) -> tuple[list[Reply], list[Done]]:
         """Free sequences whose client left (ack only) or whose deadline passed (504)."""
         now_ms = wall_ms()
-        cancelled = self._intake.cancelled
+        cancelled = self._inbox.cancelled
         replies: list[Reply] = []
         done: list[Done] = []
         for table in (self._waiting, self._running):
@@ -306,9 +306,11 @@ class GenerationLoop:
                 metrics.cancelled_total.inc()
                 if seq.entry.id not in cancelled:
                     message = f"deadline passed after {len(seq.generated)} generated tokens"
-                    replies.append(self._intake.error(seq.entry, 504, "deadline_exceeded", message))
+                    error = error_reply(seq.entry, 504, "deadline_exceeded", message, self._name)
+                    replies.append(error)
         if done:
             metrics.running_sequences.labels(self._model).set(len(self._running))
+            self._inbox.room_freed()
         return replies, done
 
     async def finish(self) -> None:

@@ -1,0 +1,71 @@
+"""`Inbox`: what a loop is told by the parts around it, and the loop's one place to wait.
+
+The seam between a loop (embedding or generation) and the parts that feed it, in one
+direction each: the liveness part posts the cancel set and the operator's live batching
+settings, the intake says when reading is over, the loop's own `hold` wakes it; the loop
+reads and waits, and says through `room_freed` when the reader may read again. Nobody
+reaches into anybody's state: every exchange is a method here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+
+class Inbox:
+    def __init__(self) -> None:
+        self._wake = asyncio.Event()  # something arrived, left, finished or changed
+        self._room = asyncio.Event()  # the loop took or finished work: room to read
+        self.cancelled: set[str] = set()  # entry ids whose clients stopped waiting
+        self.overrides: dict[str, str] = {}  # live batching settings (`microbatch tune`)
+        self.reading = True  # false once the reader has stopped for good
+
+    # ---- written by the parts around the loop --------------------------------------------
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def post_cancelled(self, ids: set[str]) -> None:
+        """The whole cancel set as last read; the loop wakes only when it grew."""
+        if ids - self.cancelled:
+            self._wake.set()
+        self.cancelled = ids
+
+    def post_overrides(self, overrides: dict[str, str]) -> None:
+        """Live settings as last read; replaced (and the loop woken) only when they differ,
+        so the loop can tell a change by identity."""
+        if overrides != self.overrides:
+            self.overrides = overrides
+            self._wake.set()
+
+    def reading_ended(self) -> None:
+        self.reading = False
+        self._wake.set()
+
+    # ---- the loop's side --------------------------------------------------------------------
+
+    async def wait(self, timeout_s: float | None) -> None:
+        """Until something changes or `timeout_s` passes. `asyncio.timeout`, not `wait_for`,
+        which would start a task on every call (several per batch)."""
+        self._wake.clear()
+        await _wait(self._wake, timeout_s)
+
+    def room_freed(self) -> None:
+        self._room.set()
+
+    # ---- the reader's side ------------------------------------------------------------------
+
+    async def wait_room(self, timeout_s: float) -> None:
+        """Until the loop frees room or `timeout_s` passes."""
+        self._room.clear()
+        await _wait(self._room, timeout_s)
+
+
+async def _wait(event: asyncio.Event, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        await event.wait()
+        return
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()

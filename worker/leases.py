@@ -1,0 +1,39 @@
+"""`Leases`: the entries this worker holds or computes, until their answer is published.
+
+Plain bookkeeping shared by three parts, each in one direction: the intake takes a lease
+when it hands an entry to the loop, the publisher releases it once the entry is acked (or
+given up, for a peer to reclaim), and the reclaimer renews every lease still held, so a
+slow but alive worker keeps its work. An entry id can repeat across streams, so a lease is
+the pair (stream, entry id).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+Lease = tuple[str, str]  # (request stream, entry id)
+
+
+class Leases:
+    def __init__(self) -> None:
+        self._held: set[Lease] = set()
+
+    def take(self, lease: Lease) -> None:
+        self._held.add(lease)
+
+    def release(self, leases: Iterable[Lease]) -> None:
+        self._held.difference_update(leases)
+
+    def __contains__(self, lease: object) -> bool:
+        return lease in self._held
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def by_stream(self) -> dict[str, list[str]]:
+        """Entry ids held, grouped by their stream: one renewal command per stream."""
+        out: dict[str, list[str]] = defaultdict(list)
+        for stream, entry_id in self._held:
+            out[stream].append(entry_id)
+        return dict(out)
