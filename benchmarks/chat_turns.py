@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.gen_server import completion_events, microbatch_server
+
 
 @dataclass(frozen=True, slots=True)
 class Chat:
@@ -80,8 +82,6 @@ def report(name: str, turns: list[Turn], span_s: float) -> dict:
 
 
 async def _conversation(client, chat: Chat, c: int, out: list[Turn]) -> None:
-    from benchmarks.generation import completion_events
-
     history = list(chat.system)
     for i, (user, n) in enumerate(zip(chat.users[c], chat.replies[c], strict=True)):
         history += user
@@ -109,8 +109,6 @@ async def _conversation(client, chat: Chat, c: int, out: list[Turn]) -> None:
 
 def arm_microbatch(path: Path, chat: Chat, log_dir: Path, name: str, **settings) -> dict:
     import httpx
-
-    from benchmarks.generation import microbatch_server
 
     urls: list[str] = []
     with microbatch_server(path, log_dir, metrics=urls, **settings) as base:

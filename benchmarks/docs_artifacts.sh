@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates docs/bench.png, docs/bench.json, docs/status.txt and docs/tune.* on this machine:
+# Regenerates docs/data/bench.png, docs/data/bench.json, docs/data/status.txt and docs/data/tune.* on this machine:
 # one redis-server, one gateway, one worker with the default model, loaded by `microbatch bench`
 # and swept by `microbatch tune`.   Run from the repository root: bash benchmarks/docs_artifacts.sh
 set -euo pipefail
@@ -18,9 +18,9 @@ until curl -sf "http://127.0.0.1:${GW}/readyz" >/dev/null; do sleep 0.5; done
 
 mkdir -p docs
 # The status screen, taken while the mixed workload is queued.
-( sleep 10; COLUMNS=140 $BIN/microbatch status > docs/status.txt ) & status_pid=$!
+( sleep 10; COLUMNS=140 $BIN/microbatch status > docs/data/status.txt ) & status_pid=$!
 $BIN/microbatch bench --url "http://127.0.0.1:${GW}" --workload mixed --clients 32 --duration 20 \
-  --metrics-url http://127.0.0.1:9199 --json docs/bench.json --plot docs/bench.png | tee docs/bench.txt
+  --metrics-url http://127.0.0.1:9199 --json docs/data/bench.json --plot docs/data/bench.png | tee docs/data/bench.txt
 wait "$status_pid"
 PYTHONUNBUFFERED=1 $BIN/microbatch tune --url "http://127.0.0.1:${GW}" --workload short --rate 80 --duration 8 \
-  --p99-target-ms 500 --json docs/tune.json --plot docs/tune.png | tee docs/tune.txt
+  --p99-target-ms 500 --json docs/data/tune.json --plot docs/data/tune.png | tee docs/data/tune.txt

@@ -19,7 +19,7 @@ load (max/min).
 Printed: one row per point (req/s, p50/p99 as wrk measures them, the ratio to 1 worker in
 the same series, pending per worker, the machine's busy share), then the issue's goals
 judged from the same run. Written to `--out` (JSON), and with --write-docs to
-docs/scale-out.md, docs/scale-out.json and docs/scale-out.png. With two gateways, req/s is
+docs/scale-out.md, docs/data/scale-out.json and docs/data/scale-out.png. With two gateways, req/s is
 the sum of both wrk processes and p50/p99 the larger of the two.
 """
 
@@ -217,10 +217,11 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2, default=str))
     if args.write_docs:
         docs = ROOT / "docs"
-        (docs / "scale-out.json").write_text(json.dumps(report, indent=2, default=str))
-        render_plot(report, docs / "scale-out.png")
+        (docs / "data").mkdir(exist_ok=True)
+        (docs / "data" / "scale-out.json").write_text(json.dumps(report, indent=2, default=str))
+        render_plot(report, docs / "data" / "scale-out.png")
         (docs / "scale-out.md").write_text(render_markdown(report))
-        print("\nwritten: docs/scale-out.md, docs/scale-out.json, docs/scale-out.png")
+        print("\nwritten: docs/scale-out.md, docs/data/scale-out.json, docs/data/scale-out.png")
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def render_markdown(report: dict) -> str:
         "without replicas on loopback; one model, so its streams sit on one master and only "
         "the gateways' reply streams spread.",
         "",
-        "![requests/s against workers](scale-out.png)",
+        "![requests/s against workers](data/scale-out.png)",
         "",
         *table_lines(report["rows"], ideal),
         "",

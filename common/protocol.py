@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from enum import StrEnum
+from typing import ClassVar
 
 import msgpack
 import numpy as np
@@ -27,7 +28,16 @@ MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vect
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
 
-Kind = Literal["embed"]
+
+class ModelKind(StrEnum):
+    """How a model runs, and so which routes serve it. A `StrEnum`: on the wire (ModelInfo's
+    `kind`) it is its plain value, so every wire version reads it the same."""
+
+    EMBEDDING = "embedding"  # an encoder: one pooled vector per input
+    CLASSIFIER = "classifier"  # a cross-encoder or classifier: logits per input or pair
+    CAUSAL_LM = "causal-lm"  # generation
+
+
 MAX_LABELS = 1024  # a classifier's labels: the longest list a message may carry
 
 
@@ -254,7 +264,7 @@ class ModelInfo:
 
     TAG: ClassVar[str] = "model"
     name: str
-    kind: str
+    kind: str  # a ModelKind value
     dim: int
     max_tokens: int
     vocab_size: int

@@ -39,109 +39,277 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="MICROBATCH_", frozen=True, extra="forbid")
 
-    # Where the streams live: None runs the embedded in-process store (serve only).
-    redis_url: str | None = None
-    # redis_url names any node of a Redis Cluster; every key of a model shares one hash slot.
-    redis_cluster: bool = False
-    prefix: str = "mb"
-    redis_socket_timeout_s: float = 5.0
+    # Each `description` is the setting's row in docs/settings.md, whose table
+    # common/settings_doc.py renders (and places in its section); comments say the rest.
+
+    # Redis
+    redis_url: str | None = Field(
+        default=None,
+        description="`redis://` / `rediss://` URL; none = embedded store (`serve` only)",
+    )
+    # Every key of a model shares one hash slot, so its multi-key commands work on a cluster
+    # (common/streams.py).
+    redis_cluster: bool = Field(
+        default=False,
+        description="`redis_url` names any node of a Redis Cluster; "
+        "`--redis-cluster` alone switches it on",
+    )
+    prefix: str = Field(default="mb", description="key prefix of every stream and key")
+    redis_socket_timeout_s: float = Field(
+        default=5.0, description="socket timeout of every Redis connection"
+    )
 
     # Gateway
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=0, le=65535)
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    rate_limit_per_key: float = Field(default=0.0, ge=0)  # requests/s per API key; 0 = off
-    rate_limit_burst: int = Field(default=20, gt=0)
-    request_timeout_ms: int = Field(default=30_000, gt=0)
-    max_queue_depth: int = Field(default=4096, gt=0)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
-    max_inputs_per_request: int = Field(default=2048, gt=0)
-    # Rows one queue entry carries: a request's rows of one bucket travel in entries of at
-    # most this many, so a bulk request costs a few Redis commands and still spreads over
-    # several workers' batches.
-    max_entry_rows: int = Field(default=256, gt=0, le=MAX_ENTRY_ROWS)
-    # Texts shorter than this are tokenized inline: a thread hop costs more than they do.
-    inline_tokenize_chars: int = Field(default=2048, ge=0)
-    gateway_id: str | None = None
-    reply_maxlen: int = Field(default=10_000, gt=0)
-    # Gateway processes on one port (SO_REUSEPORT), each its own event loop and reply stream.
-    processes: int = Field(default=1, ge=1)
+    host: str = Field(
+        default="127.0.0.1",
+        description="gateway bind address (a worker's `metrics_port` listens on it too)",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="gateway port")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="accepted `Authorization: Bearer` keys; empty = no auth"
+    )
+    rate_limit_per_key: float = Field(
+        default=0.0,
+        ge=0,
+        description="per-key token bucket: requests/s sustained, 429 over it; 0 = off",
+    )
+    rate_limit_burst: int = Field(
+        default=20, gt=0, description="per-key token bucket: requests at once"
+    )
+    request_timeout_ms: int = Field(
+        default=30_000, gt=0, description="default deadline (`X-Microbatch-Timeout-Ms` overrides)"
+    )
+    max_queue_depth: int = Field(
+        default=4096, gt=0, description="per model: above it, 503 with `Retry-After`"
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        gt=0,
+        description="request body limit; 413 above it, chunked bodies too",
+    )
+    max_inputs_per_request: int = Field(
+        default=2048, gt=0, description="inputs in one embeddings request"
+    )
+    max_entry_rows: int = Field(
+        default=256,
+        gt=0,
+        le=MAX_ENTRY_ROWS,
+        description=f"rows one queue entry carries (at most {MAX_ENTRY_ROWS}): a request's "
+        "inputs of one length bucket travel together, split evenly into entries of at most "
+        "this many, so a bulk request costs a few Redis commands and still spreads over "
+        "several workers; larger requests are tokenized a block of this many texts at a time, "
+        "each block queued as it is ready",
+    )
+    # A thread hop costs more than tokenizing a short text does.
+    inline_tokenize_chars: int = Field(
+        default=2048,
+        ge=0,
+        description="shorter texts are tokenized inline, longer ones on a thread",
+    )
+    gateway_id: str | None = Field(
+        default=None,
+        description="reply-stream name; unique per process",
+        json_schema_extra={"default_doc": "host + pid"},
+    )
+    reply_maxlen: int = Field(
+        default=10_000, gt=0, description="approximate length cap of each gateway's reply stream"
+    )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        description="gateway processes on one port (`gateway` and `serve`; SO_REUSEPORT), "
+        "each its own event loop and reply stream, "
+        "see [operations.md](operations.md#gateway-processes)",
+    )
 
     # Worker
-    model: str = DEFAULT_MODEL
-    # The names clients use for `model` (the first registers it, the rest are aliases, at
-    # most MAX_MODEL_ALIASES); empty: the `model` value itself, a folder path included.
-    served_model_name: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    buckets: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [128, 256, 512])
-    max_batch_size: int = Field(default=16, gt=0)
-    max_batch_tokens: int = Field(default=16_384, gt=0)
-    # A number of ms, or "auto": wait only while waiting raises throughput (see batching.py).
-    max_wait_ms: float | Literal["auto"] = "auto"
-    latency_slo_ms: float = Field(default=100.0, gt=0)  # auto waits at most a quarter of it
-    max_padding_ratio: float = Field(default=0.5, gt=0, le=1)  # before a cost model is fitted
-    starvation_ms: float = Field(default=500.0, gt=0)  # batch traffic passed over this long
-    sort_window: int = Field(default=64, gt=0)  # at most held to sort by length (embed/window.py)
-    claim_idle_ms: int = Field(default=30_000, gt=0)
-    max_batch_ms: int = Field(default=120_000, gt=0)  # longer and the worker counts as hung
-    max_deliveries: int = Field(default=3, gt=0)
-    read_block_ms: int = Field(default=1000, gt=0)
-    heartbeat_interval_ms: int = Field(default=1000, gt=0)
-    worker_stale_ms: int = Field(default=5000, gt=0)
-    worker_id: str | None = None
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # worker's /metrics
-    # Where a worker writes PyTorch profiler traces of a few batches (worker/profiling.py).
-    profile_dir: str | None = None
-    # Embedding batches computing at once, each on its share of the cores ("auto": one per
-    # core up to 4 cores, else one per 4; 1 on a GPU, with ONNX, for generation and noop).
-    compute_streams: int | Literal["auto"] = "auto"
-    # Threads per batch; None: the cores split over the streams, and a lone batch with
-    # nothing else queued gets them all. A number fixes it for every batch.
-    torch_threads: int | None = Field(default=None, gt=0)
-    device: str = "cpu"
-    # Encoder execution: torch, or ONNX Runtime on a graph exported once into onnx_cache_dir,
-    # or auto: both loaded, each bucket on the one that ran its shapes faster at load.
-    backend: Literal["torch", "onnx", "auto"] = "torch"
-    # torch backend: run the encoder as a TorchScript trace (the whole forward in C++, free
-    # of the GIL), checked against eager at load; eager where tracing fails or disagrees.
-    torchscript: bool = True
-    # Weights and compute of encoders and classifiers (torch backend). float32 answers exactly
-    # as transformers does; bfloat16 halves the weights and, on a GPU or a CPU with AMX, runs
-    # several times faster, with answers within about 1e-2: the operator's choice, never ours.
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    onnx_cache_dir: str = "~/.cache/microbatch/onnx"
-    # int8 dynamic quantisation of the exported graph's weights (onnx backend; torch's own
-    # is deprecated): faster on CPU, slightly less exact; the test suite bounds the loss.
-    quantize: Literal["none", "int8"] = "none"
+    model: str = Field(
+        default=DEFAULT_MODEL, description="name, local folder, cached hub id, or `noop`"
+    )
+    served_model_name: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="the names clients use (comma-separated; the first is registered, up to "
+        f"{MAX_MODEL_ALIASES} more are aliases); also the gateway's default model",
+        json_schema_extra={"default_doc": "empty: `model` itself"},
+    )
+    buckets: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [128, 256, 512],
+        description="length buckets in tokens; the largest is the input limit",
+    )
+    max_batch_size: int = Field(default=16, gt=0, description="entries per batch")
+    max_batch_tokens: int = Field(
+        default=16_384, gt=0, description="padded tokens per batch (size × longest member)"
+    )
+    # batching.py: auto waits only while waiting raises throughput.
+    max_wait_ms: float | Literal["auto"] = Field(
+        default="auto", description="how long a partial batch waits for company; 0 = never"
+    )
+    latency_slo_ms: float = Field(
+        default=100.0, gt=0, description="latency target; `auto` waits at most a quarter of it"
+    )
+    max_padding_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="padding share a batch may hold before the cost model is fitted",
+    )
+    starvation_ms: float = Field(
+        default=500.0,
+        gt=0,
+        description="batch traffic passed over this long is served as interactive",
+    )
+    sort_window: int = Field(
+        default=64,
+        gt=0,
+        description="entries a worker holds to sort by length; fewer where it could not "
+        "start them within `latency_slo_ms` (at least a full batch per compute stream)",
+    )
+    claim_idle_ms: int = Field(
+        default=30_000,
+        gt=0,
+        description="an entry pending this long is reclaimed from its (dead) worker",
+    )
+    max_batch_ms: int = Field(
+        default=120_000, gt=0, description="a batch running longer counts as hung"
+    )
+    max_deliveries: int = Field(
+        default=3, gt=0, description="deliveries before an entry is dead-lettered"
+    )
+    read_block_ms: int = Field(
+        default=1000,
+        gt=0,
+        description="XREADGROUP / XREAD BLOCK; must stay below the socket timeout",
+    )
+    heartbeat_interval_ms: int = Field(default=1000, gt=0, description="worker liveness beat")
+    worker_stale_ms: int = Field(
+        default=5000, gt=0, description="a worker silent this long counts as gone"
+    )
+    worker_id: str | None = Field(
+        default=None,
+        description="consumer name; unique per process",
+        json_schema_extra={"default_doc": "host + pid"},
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="`microbatch worker` serves Prometheus `/metrics` and its liveness "
+        "`/healthz` here, and so does `serve` with `processes` above 1 (its worker runs "
+        "apart from the gateways); a one-process `serve` uses the gateway's route",
+    )
+    profile_dir: str | None = Field(
+        default=None,
+        description="write PyTorch profiler traces of a few batches here, "
+        "see [operations.md](operations.md#profiling-a-worker)",
+    )
+    # "auto": one per core up to 4 cores, else one per 4; always 1 on a GPU, for generation
+    # and for noop (worker/embed/parallelism.py).
+    compute_streams: int | Literal["auto"] = Field(
+        default="auto", description="embedding batches computed at once, each on its share of cores"
+    )
+    # None: a lone batch with nothing else queued also gets every core.
+    torch_threads: int | None = Field(
+        default=None, gt=0, description="threads per batch; none = the cores split over the streams"
+    )
+    device: str = Field(default="cpu", description="torch device of the worker")
+    # auto: both engines loaded, each bucket on the one that ran its shapes faster at load.
+    backend: Literal["torch", "onnx", "auto"] = Field(
+        default="torch", description="encoder engine: `torch`, `onnx` or `auto`"
+    )
+    # Why: the trace runs the whole forward in C++, free of the GIL.
+    torchscript: bool = Field(
+        default=True,
+        description="`torch` backend: run the encoder or classifier as a checked TorchScript "
+        "trace; `false` = eager",
+    )
+    # bfloat16 runs several times faster on a GPU or an AMX CPU, with answers within about
+    # 1e-2 of float32: the operator's choice, never ours.
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32",
+        description="encoder and classifier weights and compute: `float32` (exact), "
+        "`bfloat16` or `float16` (`torch` backend; see [Precision](#precision))",
+    )
+    onnx_cache_dir: str = Field(
+        default="~/.cache/microbatch/onnx",
+        description="exported graphs, keyed by model content hash",
+    )
+    # torch's own int8 quantisation is deprecated; the test suite bounds the loss.
+    quantize: Literal["none", "int8"] = Field(
+        default="none", description="`int8`: dynamic int8 weights, `onnx` backend only"
+    )
     # Generation (causal LMs): continuous batching limits
-    max_running_seqs: int = Field(default=32, gt=0)  # sequences decoding together
-    # Prefill + decode tokens in one step: a CPU prefills a few hundred tokens a second, so
-    # a larger step stalls every running sequence for seconds.
-    max_step_tokens: int = Field(default=512, gt=0)
-    kv_cache_tokens: int = Field(default=32_768, gt=0)  # the paged KV pool, in positions
-    kv_block_size: int = Field(default=16, gt=0)  # positions per KV cache block
-    prefix_caching: bool = True  # keep full blocks named by their prefix for reuse
-    chunked_prefill: bool = True  # long prompts prefill over several steps, beside decodes
-    kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3"] = "auto"  # auto: the model's
-    # Generation: gateways send a prompt to the worker caching its prefix (its own stream)
-    # unless it holds more than `affinity_max_imbalance` sequences over the least loaded
-    cache_aware_routing: bool = True
-    affinity_max_imbalance: int = Field(default=4, ge=0)
-    cancel_poll_ms: int = Field(default=100, gt=0)  # how often workers look for cancellations
-    # Embedding models: serve `dimensions` (matryoshka: the first d dimensions, renormalized)
-    # below the model's own; None: only where its config.json declares matryoshka training
-    # (`matryoshka_dimensions` or `is_matryoshka`). A model not trained so gives poor vectors.
-    matryoshka: bool | None = None
-    # The sentence-transformers prompt (config_sentence_transformers.json `prompts`) put before
-    # every input that names none; None: the model's own `default_prompt_name`, if any.
-    default_prompt_name: str | None = None
-    noop_dim: int = Field(default=384, gt=0)
-    noop_compute_ms: float = Field(default=0.0, ge=0)  # simulated time per batch, noop model
-    # Fault-test seams of the noop model: a row with this token fails; a batch with it crashes.
-    noop_fail_token: int | None = None
-    noop_crash_token: int | None = None
+    max_running_seqs: int = Field(default=32, gt=0, description="sequences decoding together")
+    # A CPU prefills a few hundred tokens a second, so a larger step stalls every running
+    # sequence for seconds.
+    max_step_tokens: int = Field(
+        default=512, gt=0, description="prefill plus decode tokens one step may compute"
+    )
+    kv_cache_tokens: int = Field(
+        default=32_768,
+        gt=0,
+        description="the paged KV pool, in positions; past it the newest pause",
+    )
+    kv_block_size: int = Field(default=16, gt=0, description="positions per KV cache block")
+    prefix_caching: bool = Field(
+        default=True,
+        description="keep full blocks named by their prefix, for later prompts to reuse",
+    )
+    chunked_prefill: bool = Field(
+        default=True,
+        description="long prompts prefill over several steps, beside the decodes; "
+        "`false` = each prompt prefills whole in one step",
+    )
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8_e4m3"] = Field(
+        default="auto",
+        description="`auto` (the model's dtype), `bfloat16`, or `fp8_e4m3` "
+        "(float8 with per-token scales)",
+    )
+    cache_aware_routing: bool = Field(
+        default=True, description="gateways send a prompt to the worker caching its prefix"
+    )
+    affinity_max_imbalance: int = Field(
+        default=4,
+        ge=0,
+        description="sequences over the least loaded worker past which affinity yields",
+    )
+    cancel_poll_ms: int = Field(
+        default=100, gt=0, description="how often workers read the cancel set (clients that left)"
+    )
+    # Embedding models
+    matryoshka: bool | None = Field(
+        default=None,
+        description="embedding models: serve `dimensions` below the model's own (the first "
+        "d dimensions, renormalized); none = only where its `config.json` declares "
+        "matryoshka training (`matryoshka_dimensions` or `is_matryoshka`); a model not "
+        "trained so gives poor vectors",
+    )
+    default_prompt_name: str | None = Field(
+        default=None,
+        description="the sentence-transformers prompt (`prompts` in "
+        "`config_sentence_transformers.json`) put before every input that names none; "
+        "none = the model's own `default_prompt_name`, if any",
+    )
+    # The noop model
+    noop_dim: int = Field(default=384, gt=0, description="vector size of the `noop` model")
+    noop_compute_ms: float = Field(
+        default=0.0, ge=0, description="simulated time per batch of the `noop` model"
+    )
+    noop_fail_token: int | None = Field(
+        default=None, description="fault-test seam: a row with this token fails"
+    )
+    noop_crash_token: int | None = Field(
+        default=None, description="fault-test seam: a batch with this token kills the process"
+    )
 
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal, else JSON
+    # Logging
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="`debug` logs one line per batch"
+    )
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="`auto` (text on a terminal, JSON otherwise), `json` (one object per "
+        "line, with `request_id`) or `text`",
+    )
 
     @field_validator("buckets", "api_keys", "served_model_name", mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import RedisError
 
 from common import streams
-from common.protocol import ModelInfo, ProtocolError, decode
+from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
 from common.store import Store
@@ -171,7 +171,7 @@ class Catalog:
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
             models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)
-            if self.on_loads is not None and info.kind == "causal-lm":
+            if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
                 live = {w.name for w in state.workers if w.live}
                 loads = await streams.worker_loads(self._store, self._keys, name)
                 self.on_loads(name, {w: r.load for w, r in loads.items() if w in live})

@@ -1,8 +1,12 @@
-"""One API call: its id, key, headers, body and model in; its error, metrics and timing out.
+"""One API call, read once at the edge: the only place a Starlette `Request` is opened.
 
-`api_call` wraps every API route: a `MicrobatchError` becomes its JSON answer, and every call
-is counted and timed. `parse_call` reads what every route needs, in the order that answers
-the cheapest mistakes first.
+`api_call` wraps every API route. It reads every header first (request id, API key and rate
+limit, timeout, priority, session), so a malformed header costs no tokenizing; then the
+body, validated against the route's schema, and the model it names. What comes out is plain
+data: a frozen `Call` (the headers' facts and a `disconnected` awaitable) inside a
+`Parsed[T]` (the body, the model), and nothing below the route modules takes a `Request`.
+A `MicrobatchError` raised anywhere becomes its JSON answer, and every call is counted and
+timed.
 """
 
 from __future__ import annotations
@@ -13,14 +17,14 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
-import numpy as np
 import orjson
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
+from starlette.types import Receive
 
 from common import metrics
 from common.errors import (
@@ -31,7 +35,7 @@ from common.errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ModelKind
 from gateway.auth import check_api_key
 from gateway.catalog import ModelEntry
 from gateway.services import Services
@@ -39,11 +43,36 @@ from gateway.services import Services
 log = logging.getLogger("microbatch.gateway")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 MAX_TIMEOUT_MS = 600_000
+T = TypeVar("T", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One API call's facts, every header checked: what the queue path needs of the client."""
+
+    route: str
+    request_id: str
+    key: str | None  # the API key that was accepted; None when keys are off
+    timeout_ms: int
+    priority: int
+    session: str | None  # X-Microbatch-Session: pins a conversation to a worker
+    disconnected: Callable[[], Awaitable[None]]  # returns once the client has gone
+
+
+@dataclass(frozen=True, slots=True)
+class Parsed(Generic[T]):
+    """A call with its body validated and the model it names found."""
+
+    call: Call
+    services: Services
+    body: T
+    name: str
+    model: ModelEntry
 
 
 @dataclass(slots=True)
-class Call:
-    """One API call's bookkeeping: what its metrics line and its error answer need."""
+class _Tally:
+    """What a call's metrics line and its error answer need, known as the call is read."""
 
     route: str
     request_id: str | None = None
@@ -60,15 +89,26 @@ def error_response(exc: MicrobatchError, request_id: str | None) -> Response:
 
 
 async def api_call(
-    request: Request, route: str, handle: Callable[[Call], Awaitable[Response]]
+    request: Request,
+    route: str,
+    schema: type[T],
+    kind: ModelKind | None,
+    handle: Callable[[Parsed[T]], Awaitable[Response]],
+    elsewhere: str = "",
 ) -> Response:
-    """Run `handle(call)`; answer a MicrobatchError as its JSON error; count and time it."""
-    call = Call(route)
+    """Read the call, then run `handle` on it; answer a MicrobatchError as its JSON error;
+    count and time it. `kind` is the model kind the route serves (None: any), `elsewhere`
+    the route to name when the model is of another kind."""
+    tally = _Tally(route)
     started = time.perf_counter()
     metrics.inflight_requests.inc()
     status = 500
     try:
-        response = await handle(call)
+        services: Services = request.app.state.services
+        call = read_call(request, services, route, tally)
+        parsed = await read_body(request, call, services, schema, kind, elsewhere)
+        tally.label = parsed.name
+        response = await handle(parsed)
         status = response.status_code
         return response
     except MicrobatchError as exc:
@@ -77,15 +117,64 @@ async def api_call(
             log.warning(
                 "request failed: %s",
                 exc.message,
-                extra={"request_id": call.request_id, "status": status, "code": exc.code},
+                extra={"request_id": tally.request_id, "status": status, "code": exc.code},
             )
-        return error_response(exc, call.request_id)
+        return error_response(exc, tally.request_id)
     finally:
         metrics.inflight_requests.dec()
-        metrics.requests_total.labels(route, call.label, str(status)).inc()
-        metrics.request_duration_seconds.labels(route, call.label).observe(
+        metrics.requests_total.labels(route, tally.label, str(status)).inc()
+        metrics.request_duration_seconds.labels(route, tally.label).observe(
             time.perf_counter() - started
         )
+
+
+def read_call(request: Request, services: Services, route: str, tally: _Tally) -> Call:
+    """Every header, the cheapest mistakes first: request id, key and rate limit (401,
+    429), then the timeout and priority (400)."""
+    headers = request.headers
+    request_id = request_id_of(headers.get("x-request-id"))
+    tally.request_id = request_id
+    key = authorize(services, headers.get("authorization"))
+    receive = request.receive
+    return Call(
+        route=route,
+        request_id=request_id,
+        key=key,
+        timeout_ms=timeout_ms_of(
+            headers.get("x-microbatch-timeout-ms"), services.settings.request_timeout_ms
+        ),
+        priority=priority_of(headers.get("x-microbatch-priority")),
+        session=headers.get("x-microbatch-session"),
+        disconnected=lambda: _disconnected(receive),
+    )
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_body(
+    request: Request,
+    call: Call,
+    services: Services,
+    schema: type[T],
+    kind: ModelKind | None,
+    elsewhere: str,
+) -> Parsed[T]:
+    """The body against `schema`, then the model it names, which must be of `kind`."""
+    try:
+        body = schema.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    name = getattr(body, "model", None) or default_name(services, kind)
+    model = await model_entry(services, name)
+    if kind is not None and model.info.kind != kind:
+        raise InvalidRequest(
+            f"model {name!r} is a {model.info.kind} model, not {kind}; use {elsewhere}",
+            param="model",
+        )
+    return Parsed(call, services, body, name, model)
 
 
 def validation_error(exc: ValidationError | RequestValidationError) -> InvalidBody:
@@ -97,18 +186,18 @@ def validation_error(exc: ValidationError | RequestValidationError) -> InvalidBo
     return InvalidBody(f"{where}: {first.get('msg')}", param=where)
 
 
-def authorize(services: Services, request: Request) -> None:
+def authorize(services: Services, authorization: str | None) -> str | None:
     """The API key (when keys are set), then its rate limit: 401 or 429 with Retry-After."""
-    key = check_api_key(request.headers.get("authorization"), services.settings.api_keys)
+    key = check_api_key(authorization, services.settings.api_keys)
     if services.limiter is not None and key is not None:
         wait_s = services.limiter.acquire(key, time.monotonic())
         if wait_s > 0:
             metrics.rejected_total.labels("rate_limited").inc()
             raise RateLimited("rate limit for this API key exceeded", retry_after_s=wait_s)
+    return key
 
 
-def request_id_of(request: Request) -> str:
-    given = request.headers.get("x-request-id")
+def request_id_of(given: str | None) -> str:
     if given is None:
         return os.urandom(12).hex()
     if not REQUEST_ID.match(given):
@@ -116,17 +205,17 @@ def request_id_of(request: Request) -> str:
     return given
 
 
-def timeout_ms_of(request: Request, default_ms: int) -> int:
-    raw = request.headers.get("x-microbatch-timeout-ms")
+def timeout_ms_of(raw: str | None, default_ms: int) -> int:
     if raw is None:
         return default_ms
-    if not raw.isdigit() or not 0 < int(raw) <= MAX_TIMEOUT_MS:
+    # ASCII digits only: "²".isdigit() holds, and int("²") raises
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_TIMEOUT_MS:
         raise InvalidRequest(f"X-Microbatch-Timeout-Ms must be an integer in 1..{MAX_TIMEOUT_MS}")
     return int(raw)
 
 
-def priority_of(request: Request) -> int:
-    raw = request.headers.get("x-microbatch-priority", "batch").lower()
+def priority_of(raw: str | None) -> int:
+    raw = (raw or "batch").lower()
     if raw not in ("batch", "interactive"):
         raise InvalidRequest("X-Microbatch-Priority must be 'interactive' or 'batch'")
     return PRIORITY_INTERACTIVE if raw == "interactive" else PRIORITY_BATCH
@@ -145,7 +234,7 @@ async def model_entry(services: Services, name: str) -> ModelEntry:
     return entry
 
 
-def default_name(services: Services, kind: str | None) -> str:
+def default_name(services: Services, kind: ModelKind | None) -> str:
     """The model a call that names none means: the gateway's default model, unless it is of
     another kind and exactly one served model is of this one (TEI's routes name no model)."""
     default = services.settings.served_name
@@ -160,67 +249,3 @@ def default_name(services: Services, kind: str | None) -> str:
             param="model",
         )
     return of_kind[0] if of_kind else default
-
-
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """What `parse_call` read: the services, the validated body and the model it names."""
-
-    services: Services
-    body: Any
-    name: str
-    model: ModelEntry
-
-
-async def parse_call(
-    request: Request, call: Call, schema: type[BaseModel], kind: str | None, elsewhere: str = ""
-) -> Parsed:
-    """Request id, API key and rate limit, body, then the model, which must be of `kind`
-    (None: any kind)."""
-    services: Services = request.app.state.services
-    call.request_id = request_id_of(request)
-    authorize(services, request)
-    try:
-        body = schema.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-    name = body.model or default_name(services, kind)  # type: ignore[attr-defined]
-    model = await model_entry(services, name)
-    call.label = name
-    if kind is not None and model.info.kind != kind:
-        raise InvalidRequest(
-            f"model {name!r} is a {model.info.kind} model, not {kind}; use {elsewhere}",
-            param="model",
-        )
-    return Parsed(services, body, name, model)
-
-
-def check_count(services: Services, count: int, field: str) -> None:
-    """A list of inputs is neither empty nor over `max_inputs_per_request`: else a 400."""
-    if not count:
-        raise InvalidRequest(f"{field} must not be an empty list", param=field)
-    limit = services.settings.max_inputs_per_request
-    if count > limit:
-        raise InvalidRequest(f"{field} has {count} items; the limit is {limit}", param=field)
-
-
-async def token_lists(
-    services: Services,
-    model: ModelEntry,
-    data: str | list,
-    *,
-    field: str = "input",
-    truncate: bool = False,
-    check: bool = True,
-    direction: str = "right",
-) -> list[np.ndarray]:
-    """Token ids per item of an `input` or `prompt`: a string, strings, a token list or token
-    lists. `check` refuses an item over the model's limit (a prompt is checked by its caller,
-    together with the tokens it asks for)."""
-    if isinstance(data, str):
-        data = [data]
-    check_count(services, len(data), field)
-    if isinstance(data[0], str):
-        return await services.tokenize.encode(model.tokenizer, data, truncate, check, direction)
-    lists = [data] if isinstance(data[0], int) else data
-    return model.tokenizer.check_token_lists(lists, truncate, check, direction)

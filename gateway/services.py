@@ -13,7 +13,7 @@ import os
 from common import metrics, streams
 from common.buckets import bucket_for
 from common.errors import ServiceUnavailable
-from common.protocol import ModelInfo
+from common.protocol import ModelInfo, ModelKind
 from common.settings import Settings
 from common.store import Store
 from common.tasks import OnDeath
@@ -75,7 +75,7 @@ class Services:
         self, info: ModelInfo, prompt: list[int], session: str | None
     ) -> list[bytes]:
         """What a prompt is routed and remembered by; nothing when routing ignores it."""
-        if self.affinity is None or info.kind != "causal-lm":
+        if self.affinity is None or info.kind != ModelKind.CAUSAL_LM:
             return []
         return names_of(prompt, info.name, session)
 

@@ -13,8 +13,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi import Request
-
 from common import metrics
 from common.errors import (
     ClientGone,
@@ -27,6 +25,7 @@ from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
 from gateway import admission
 from gateway.catalog import ModelEntry
 from gateway.replies import Choices, ReplyRouter
+from gateway.request import Call
 from gateway.services import Services
 from gateway.waiting import await_replies
 
@@ -74,7 +73,7 @@ class Entries:
 
 async def submit(
     services: Services,
-    request: Request,
+    call: Call,
     entries: Entries,
     choices: int = 1,
     more: AsyncIterator[Entries] | None = None,
@@ -104,7 +103,7 @@ async def submit(
             except MicrobatchError:
                 services.canceller.cancel(entries.model, ids, entries.deadline_ms)
                 raise
-        replies = await await_replies(request, futures, entries.timeout_ms)
+        replies = await await_replies(call.disconnected, futures, entries.timeout_ms)
         if choices > 1:
             replies = replies[0]
     except ClientGone:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from redis.exceptions import RedisError
-from starlette.requests import Request
 
 from common import streams
 from common.errors import ClientGone, DeadlineExceeded
@@ -23,17 +22,16 @@ from common.tasks import spawn_supervised
 log = logging.getLogger("microbatch.gateway")
 
 
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def await_replies(request: Request, futures: Sequence[asyncio.Future], timeout_ms: int):
+async def await_replies(
+    disconnected: Callable[[], Awaitable[None]],
+    futures: Sequence[asyncio.Future],
+    timeout_ms: int,
+):
     """Every future's result in order; DeadlineExceeded at the deadline, ClientGone if the
-    client disconnects first."""
+    client disconnects first (`disconnected()` returns)."""
     single = len(futures) == 1  # the common case needs no gather
     gathered = futures[0] if single else asyncio.gather(*futures)
-    watcher = spawn_supervised("disconnect-watch", _disconnected(request), _nothing)
+    watcher = spawn_supervised("disconnect-watch", disconnected(), _nothing)
     try:
         done, _ = await asyncio.wait(
             {gathered, watcher}, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED

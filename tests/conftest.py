@@ -2,6 +2,15 @@
 
 Fixtures are factories that clean up what they made. A missing redis-server binary is a
 clear failure, never a skip.
+
+Every test has one tier, so the inner loop can leave out what is slow to prove:
+- `unit`: pure logic and the house rules (`tests/unit/`): no Redis, no model;
+- `scenario`: in-process against real components (a real redis-server, the tiny models,
+  burst-mode workers, an in-process gateway): the default for `tests/integration/`;
+- `process`: what only real processes prove (signals, exit codes, `--processes`, Cluster
+  failover, the CLI over HTTP): a test that uses the `processes` fixture, or a module
+  marked `pytest.mark.process` because its module-scoped deployment starts processes.
+`pytest -m "unit or scenario"` is the inner loop; the summary prints each tier's time.
 """
 
 from __future__ import annotations
@@ -29,6 +38,47 @@ import redis
 from common.streams import GROUP, Keys
 
 ROOT = Path(__file__).resolve().parent.parent
+TIERS = ("unit", "scenario", "process")
+
+
+def tier_of(item: pytest.Item) -> str:
+    """A test's tier: its own mark, else where it lives and what it starts."""
+    for marker in item.iter_markers():
+        if marker.name in TIERS:
+            return marker.name
+    if Path(str(item.fspath)).parent.name == "unit":
+        return "unit"
+    return "process" if "processes" in getattr(item, "fixturenames", ()) else "scenario"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = tier_of(item)
+        item.add_marker(tier)
+        item.user_properties.append(("tier", tier))
+
+
+_tier_seconds: dict[str, float] = {}
+_tier_counts: dict[str, int] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = dict(report.user_properties).get("tier", "unknown")
+    _tier_seconds[tier] = _tier_seconds.get(tier, 0.0) + report.duration
+    if report.when == "call":
+        _tier_counts[tier] = _tier_counts.get(tier, 0) + 1
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """Time per tier (setup, call and teardown), so a slow tier shows where it grew."""
+    if not _tier_seconds:
+        return
+    terminalreporter.section("time per tier")
+    for tier in (*TIERS, *sorted(set(_tier_seconds) - set(TIERS))):
+        if tier in _tier_seconds:
+            terminalreporter.write_line(
+                f"{tier:>9}: {_tier_counts.get(tier, 0):4d} tests, {_tier_seconds[tier]:7.1f} s"
+            )
 
 
 def free_port() -> int:

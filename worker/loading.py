@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from common.protocol import ModelKind
 from common.settings import Settings
 from worker.embed.runners.base import Runner
 from worker.embed.runners.noop import NoopRunner
@@ -25,7 +26,7 @@ class LoadedModel:
     files: ModelFiles
     runner: Runner | GenerationEngine
     max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
-    kind: str = "embedding"  # or "classifier", "causal-lm"
+    kind: ModelKind = ModelKind.EMBEDDING
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -49,13 +50,13 @@ def load_model(settings: Settings) -> LoadedModel:
             prefix_caching=settings.prefix_caching,
             kv_dtype=settings.kv_cache_dtype,
         )
-        return LoadedModel(files, engine, engine.context, "causal-lm")
+        return LoadedModel(files, engine, engine.context, ModelKind.CAUSAL_LM)
     if files.classifier and settings.model != NOOP_MODEL:
         return LoadedModel(
             files,
             classifier_runner(settings, files),
             min(files.max_tokens, settings.max_tokens),
-            "classifier",
+            ModelKind.CLASSIFIER,
         )
     if settings.model == NOOP_MODEL:
         runner: Runner = NoopRunner(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from common import gc_tuning, streams
 from common.backoff import Backoff, until_ok
-from common.protocol import ModelInfo, encode
+from common.protocol import ModelInfo, ModelKind, encode
 from common.settings import Settings
 from common.store import Store, check_access, close_store, open_store
 from worker.compute_threads import ComputeThreads
@@ -44,8 +44,8 @@ def _version() -> str:
 async def register(store: Store, settings: Settings, model: LoadedModel) -> None:
     info = ModelInfo(
         name=settings.served_name,
-        kind=model.kind,
-        dim=model.files.dim if model.kind == "causal-lm" else model.runner.dim,
+        kind=str(model.kind),
+        dim=model.files.dim if model.kind == ModelKind.CAUSAL_LM else model.runner.dim,
         max_tokens=model.max_tokens,
         vocab_size=model.files.vocab_size,
         tokenizer_sha256=model.files.tokenizer_sha256,
@@ -54,8 +54,8 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         eos_token=model.files.eos_token,
         aliases=settings.served_model_name[1:],
         fingerprint=model.files.fingerprint(f"microbatch {_version()} {settings.backend}"),
-        labels=list(model.files.labels) if model.kind == "classifier" else [],
-        activation=model.files.activation if model.kind == "classifier" else "",
+        labels=list(model.files.labels) if model.kind == ModelKind.CLASSIFIER else [],
+        activation=model.files.activation if model.kind == ModelKind.CLASSIFIER else "",
         **embedding_options(settings, model),
     )
     await streams.register_model(
@@ -70,7 +70,7 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
 
 def embedding_options(settings: Settings, model: LoadedModel) -> dict:
     """What an embedding model lets a request choose: dimensions, normalization, prompts."""
-    if model.kind != "embedding":
+    if model.kind != ModelKind.EMBEDDING:
         return {}
     files = model.files
     prompts = dict(files.prompts)
@@ -102,12 +102,12 @@ def build_consumer(
         max_tokens=model.max_tokens,
         vocab_size=model.files.vocab_size,
         max_deliveries=settings.max_deliveries,
-        generates=model.kind == "causal-lm",
+        generates=model.kind == ModelKind.CAUSAL_LM,
     )
     name = settings.process_id("worker")
     profiler = batch_profiler(settings, name)
     make_loop: Callable[[Wiring], RunningLoop]
-    if model.kind == "causal-lm":
+    if model.kind == ModelKind.CAUSAL_LM:
         from tokenizers import Tokenizer
 
         from worker.generate.loop import GenerationLoop

@@ -11,8 +11,10 @@ import time
 from fastapi import Request
 from fastapi.responses import Response
 
+from common.protocol import ModelKind
 from gateway.encoder_schemas import ClassifyRequest, PredictRequest
-from gateway.request import Call, Parsed, api_call, check_count, parse_call
+from gateway.inputs import check_count
+from gateway.request import Parsed, api_call
 from gateway.routes.rows import json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import activate
@@ -26,19 +28,22 @@ FUNCTIONS = {"sigmoid": "sigmoid", "softmax": "softmax", "none": "identity"}
 
 
 async def classify(request: Request) -> Response:
-    return await api_call(request, CLASSIFY, lambda call: _classify(request, call))
+    return await api_call(
+        request, CLASSIFY, ClassifyRequest, ModelKind.CLASSIFIER, _classify, ELSEWHERE
+    )
 
 
 async def predict(request: Request) -> Response:
-    return await api_call(request, PREDICT, lambda call: _predict(request, call))
+    return await api_call(
+        request, PREDICT, PredictRequest, ModelKind.CLASSIFIER, _predict, ELSEWHERE
+    )
 
 
-async def _classify(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, ClassifyRequest, "classifier", ELSEWHERE)
-    req: ClassifyRequest = parsed.body
+async def _classify(parsed: Parsed[ClassifyRequest]) -> Response:
+    req = parsed.body
     texts = [req.input] if isinstance(req.input, str) else req.input
     function = parsed.model.info.activation if req.activation else "identity"
-    probs, answered = await _scores(request, call, parsed, texts, req.truncate, "right", function)
+    probs, answered = await _scores(parsed, texts, req.truncate, "right", function)
     labels = parsed.model.info.labels
     data = [
         {
@@ -51,21 +56,20 @@ async def _classify(request: Request, call: Call) -> Response:
     ]
     tokens = answered.tokens
     body = {
-        "id": f"classify-{call.request_id}",
+        "id": f"classify-{parsed.call.request_id}",
         "object": "list",
         "created": int(time.time()),
         "model": parsed.name,
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }
-    return json_response(body, call, answered)
+    return json_response(body, parsed.call, answered)
 
 
-async def _predict(request: Request, call: Call) -> Response:
+async def _predict(parsed: Parsed[PredictRequest]) -> Response:
     """One input (a text or a pair) answers a list of {score, label}, best first; a list of
     inputs, a list of those. `parameters` are what Hugging Face's InferenceClient sends."""
-    parsed = await parse_call(request, call, PredictRequest, "classifier", ELSEWHERE)
-    req: PredictRequest = parsed.body
+    req = parsed.body
     single = isinstance(req.inputs, str | tuple)
     items = [req.inputs] if single else list(req.inputs)  # type: ignore[arg-type]
     function = "identity" if req.raw_scores else parsed.model.info.activation
@@ -75,8 +79,6 @@ async def _predict(request: Request, call: Call) -> Response:
             function = FUNCTIONS[req.parameters.function_to_apply]
         top_k = req.parameters.top_k
     scores, answered = await _scores(
-        request,
-        call,
         parsed,
         items,
         bool(req.truncate),
@@ -89,12 +91,10 @@ async def _predict(request: Request, call: Call) -> Response:
     for row in scores:
         ranked = sorted(zip(row.tolist(), labels, strict=True), key=lambda p: -p[0])
         answers.append([{"score": s, "label": label} for s, label in ranked[:top_k]])
-    return json_response(answers[0] if single else answers, call, answered)
+    return json_response(answers[0] if single else answers, parsed.call, answered)
 
 
 async def _scores(
-    request: Request,
-    call: Call,
     parsed: Parsed,
     items: list,
     truncate: bool,
@@ -108,5 +108,5 @@ async def _scores(
     rows = await parsed.services.tokenize.run(
         chars, tokenizer.encode_pairs, items, truncate, field, direction
     )
-    answered = await run_rows(request, call, parsed, rows)
+    answered = await run_rows(parsed, rows)
     return activate(answered.vectors, function), answered

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 
 from common.errors import InvalidRequest
 from gateway.catalog import ModelEntry
-from gateway.request import token_lists
+from gateway.inputs import token_lists
 from gateway.routes.answers import Format
 from gateway.routes.generation import Prompts, new_token_limits, serve_generation
 from gateway.schemas import CompletionRequest, openapi_body

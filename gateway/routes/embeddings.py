@@ -8,16 +8,16 @@ inputs of its length bucket, and answered by whichever workers batch them; `dime
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 
 import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
 from common.errors import InvalidRequest
-from common.protocol import ModelInfo
-from gateway.request import Call, Parsed, api_call, check_count, parse_call, token_lists
-from gateway.routes.rows import RowBlocks, json_response, run_rows
+from common.protocol import ModelInfo, ModelKind
+from gateway.inputs import RowBlocks, token_rows
+from gateway.request import Parsed, api_call
+from gateway.routes.rows import json_response, run_rows
 from gateway.schemas import EmbeddingRequest, openapi_body
 from gateway.scores import shorten
 
@@ -26,17 +26,18 @@ SCHEMA = openapi_body(EmbeddingRequest)
 
 
 async def embeddings(request: Request) -> Response:
-    return await api_call(request, ROUTE, lambda call: _embed(request, call))
+    return await api_call(
+        request, ROUTE, EmbeddingRequest, ModelKind.EMBEDDING, _embed, elsewhere="/v1/completions"
+    )
 
 
-async def _embed(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, EmbeddingRequest, "embedding", "/v1/completions")
+async def _embed(parsed: Parsed[EmbeddingRequest]) -> Response:
     req, info = parsed.body, parsed.model.info
     dimensions, normalize = vector_options(info, req.dimensions, req.normalize)
     rows = await embedding_rows(
         parsed, req.input, req.prompt_name, req.truncate, req.truncation_direction
     )
-    answered = await run_rows(request, call, parsed, rows)
+    answered = await run_rows(parsed, rows)
     out = shorten(answered.vectors, dimensions, normalize)
     values = base64_rows(out) if req.encoding_format == "base64" else out
     data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(values)]
@@ -47,7 +48,7 @@ async def _embed(request: Request, call: Call) -> Response:
         "model": parsed.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
-    return json_response(body, call, answered)
+    return json_response(body, parsed.call, answered)
 
 
 async def embedding_rows(
@@ -70,20 +71,7 @@ async def embedding_rows(
         raise InvalidRequest(
             "prompt_name applies to text inputs, not token ids", param="prompt_name"
         )
-    services, size = parsed.services, parsed.services.settings.max_entry_rows
-    if isinstance(data, list) and len(data) > size and isinstance(data[0], str):
-        check_count(services, len(data), "input")
-        return RowBlocks(len(data), _blocks(parsed, data, truncate, direction))
-    return await token_lists(services, parsed.model, data, truncate=truncate, direction=direction)
-
-
-def _blocks(
-    parsed: Parsed, texts: list[str], truncate: bool, direction: str
-) -> AsyncIterator[list[np.ndarray]]:
-    services = parsed.services
-    return services.tokenize.encode_blocks(
-        parsed.model.tokenizer, texts, services.settings.max_entry_rows, truncate, direction
-    )
+    return await token_rows(parsed.services, parsed.model, data, truncate, direction)
 
 
 def base64_rows(vectors: np.ndarray) -> list[str]:

@@ -16,9 +16,16 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.errors import ContextLengthExceeded, InvalidRequest
-from common.protocol import MAX_STOP_SEQUENCES, GenerateEntry, GenerationChunk, encode, pack_tokens
+from common.protocol import (
+    MAX_STOP_SEQUENCES,
+    GenerateEntry,
+    GenerationChunk,
+    ModelKind,
+    encode,
+    pack_tokens,
+)
 from gateway.catalog import ModelEntry
-from gateway.request import Call, api_call, parse_call, priority_of, timeout_ms_of
+from gateway.request import Parsed, api_call
 from gateway.routes.answers import Format, Shape, Submitted, whole_body
 from gateway.routes.sampling import check_min_tokens, sampling_fields
 from gateway.routes.streaming import stream
@@ -27,7 +34,6 @@ from gateway.services import Services
 from gateway.submit import Entries, admit_or_refuse, now_ms, submit
 
 MAX_STOP_CHARS = 256
-CAUSAL_LM = "causal-lm"
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,22 +165,24 @@ async def serve_generation(
     """Both generation routes: `prepare` turns the validated body into token ids and new
     tokens per prompt; everything else is the same."""
     return await api_call(
-        request, fmt.route, lambda call: _generate(request, call, fmt, schema, prepare)
+        request,
+        fmt.route,
+        schema,
+        ModelKind.CAUSAL_LM,
+        lambda parsed: _generate(parsed, fmt, prepare),
+        "/v1/embeddings",
     )
 
 
-async def _generate(
-    request: Request, call: Call, fmt: Format, schema: type, prepare: Prepare
-) -> Response:
-    parsed = await parse_call(request, call, schema, CAUSAL_LM, "/v1/embeddings")
+async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
-    request_id = call.request_id or ""
-    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
+    call = parsed.call
+    request_id = call.request_id
     prompts = await prepare(services, model, req)
     check_min_tokens(req, prompts.new_tokens)
-    admit_or_refuse(services, model, len(prompts.ids) * req.candidates, timeout_ms)
-    session = request.headers.get("x-microbatch-session") or req.user
-    ask = _Ask(request_id, priority_of(request), timeout_ms, session)
+    admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms)
+    session = call.session or req.user
+    ask = _Ask(request_id, call.priority, call.timeout_ms, session)
     shape = Shape(
         model.tokenizer,
         with_ids=req.return_token_ids,
@@ -189,7 +197,7 @@ async def _generate(
     if req.stream:
         return stream(services, fmt, model.info.name, request_id, req, sub)
     try:
-        finals: list[GenerationChunk] = await submit(services, request, sub.entries, req.candidates)  # type: ignore[assignment]
+        finals: list[GenerationChunk] = await submit(services, call, sub.entries, req.candidates)  # type: ignore[assignment]
     finally:
         services.routes_answered(model.info.name, sub.owners)
     for entry_id, names in zip(sub.ids, sub.routed, strict=True):

@@ -8,6 +8,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common.errors import MicrobatchError, ModelNotFound
+from common.protocol import ModelKind
 from gateway.auth import check_api_key
 from gateway.catalog import ModelEntry
 from gateway.request import error_response
@@ -17,9 +18,9 @@ from gateway.services import Services
 def _model_object(name: str, entry: ModelEntry) -> dict:
     info = entry.info
     extra: dict = {}
-    if info.kind == "classifier":
+    if info.kind == ModelKind.CLASSIFIER:
         extra = {"labels": info.labels}
-    elif info.kind == "embedding":
+    elif info.kind == ModelKind.EMBEDDING:
         extra = {"matryoshka": info.matryoshka, "prompts": sorted(info.prompts)}
     return {
         "id": name,

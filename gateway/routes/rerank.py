@@ -12,8 +12,10 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from common.errors import InvalidRequest
+from common.protocol import ModelKind
 from gateway.encoder_schemas import RerankRequest, TeiRerankRequest
-from gateway.request import Call, Parsed, api_call, check_count, parse_call
+from gateway.inputs import check_count
+from gateway.request import Parsed, api_call
 from gateway.routes.rows import Answered, json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import activate, ranking
@@ -27,11 +29,11 @@ ELSEWHERE = "/v1/embeddings or /v1/chat/completions"
 
 
 async def rerank_v1(request: Request) -> Response:
-    return await api_call(request, V1, lambda call: _jina(request, call))
+    return await api_call(request, V1, RerankRequest, ModelKind.CLASSIFIER, _jina, ELSEWHERE)
 
 
 async def rerank_v2(request: Request) -> Response:
-    return await api_call(request, V2, lambda call: _cohere(request, call))
+    return await api_call(request, V2, RerankRequest, ModelKind.CLASSIFIER, _cohere, ELSEWHERE)
 
 
 async def rerank(request: Request) -> Response:
@@ -41,17 +43,16 @@ async def rerank(request: Request) -> Response:
     except orjson.JSONDecodeError:
         raw = None
     if isinstance(raw, dict) and "texts" in raw and "documents" not in raw:
-        return await api_call(request, BOTH, lambda call: _tei(request, call))
-    return await api_call(request, BOTH, lambda call: _jina(request, call))
+        return await api_call(
+            request, BOTH, TeiRerankRequest, ModelKind.CLASSIFIER, _tei, ELSEWHERE
+        )
+    return await api_call(request, BOTH, RerankRequest, ModelKind.CLASSIFIER, _jina, ELSEWHERE)
 
 
-async def _jina(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, RerankRequest, "classifier", ELSEWHERE)
-    req: RerankRequest = parsed.body
+async def _jina(parsed: Parsed[RerankRequest]) -> Response:
+    req, call = parsed.body, parsed.call
     texts = _documents(parsed, req)
     scores, answered = await _score(
-        request,
-        call,
         parsed,
         req.query,
         texts,
@@ -75,17 +76,14 @@ async def _jina(request: Request, call: Call) -> Response:
     return json_response(body, call, answered)
 
 
-async def _cohere(request: Request, call: Call) -> Response:
+async def _cohere(parsed: Parsed[RerankRequest]) -> Response:
     """Cohere's v2: documents cut to `max_tokens_per_doc` (4096 unless asked), no documents
     returned, `meta` with the API version."""
-    parsed = await parse_call(request, call, RerankRequest, "classifier", ELSEWHERE)
-    req: RerankRequest = parsed.body
+    req, call = parsed.body, parsed.call
     texts = _documents(parsed, req)
     limit = req.max_tokens_per_doc or 4096
     cut = [parsed.model.tokenizer.cut(t, limit) for t in texts]
-    scores, answered = await _score(
-        request, call, parsed, req.query, cut, True, "right", req.raw_scores
-    )
+    scores, answered = await _score(parsed, req.query, cut, True, "right", req.raw_scores)
     results = [
         {"index": i, "relevance_score": scores[i]} for i in ranking(scores, req.top_n or None)
     ]
@@ -101,13 +99,10 @@ async def _cohere(request: Request, call: Call) -> Response:
     return json_response(body, call, answered)
 
 
-async def _tei(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, TeiRerankRequest, "classifier", ELSEWHERE)
-    req: TeiRerankRequest = parsed.body
+async def _tei(parsed: Parsed[TeiRerankRequest]) -> Response:
+    req = parsed.body
     _check_count(parsed, req.texts, "texts")
     scores, answered = await _score(
-        request,
-        call,
         parsed,
         req.query,
         req.texts,
@@ -122,7 +117,7 @@ async def _tei(request: Request, call: Call) -> Response:
         if req.return_text:
             result["text"] = req.texts[i]
         body.append(result)
-    return json_response(body, call, answered)
+    return json_response(body, parsed.call, answered)
 
 
 def _documents(parsed: Parsed, req: RerankRequest) -> list[str]:
@@ -144,8 +139,6 @@ def _check_count(parsed: Parsed, texts: list[str], field: str) -> None:
 
 
 async def _score(
-    request: Request,
-    call: Call,
     parsed: Parsed,
     query: str,
     texts: list[str],
@@ -161,6 +154,6 @@ async def _score(
     rows = await parsed.services.tokenize.run(
         chars, tokenizer.encode_pairs, pairs, truncate, field, direction
     )
-    answered = await run_rows(request, call, parsed, rows)
+    answered = await run_rows(parsed, rows)
     function = "identity" if raw else parsed.model.info.activation
     return activate(answered.vectors, function)[:, 0].tolist(), answered

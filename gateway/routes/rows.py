@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-from fastapi import Request
 from fastapi.responses import Response
 
 from common.buckets import parts
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows
-from gateway.request import Call, Parsed, priority_of, timeout_ms_of
+from gateway.inputs import RowBlocks
+from gateway.request import Call, Parsed
 from gateway.submit import Entries, admit_or_refuse, now_ms, submit
 
 
@@ -31,30 +31,19 @@ class Answered:
     replies: list[EmbeddingResult]
 
 
-@dataclass(frozen=True, slots=True)
-class RowBlocks:
-    """A request's rows made a block at a time (tokenized while earlier blocks compute)."""
-
-    count: int
-    blocks: AsyncIterator[list[np.ndarray]]
-
-
-async def run_rows(
-    request: Request, call: Call, parsed: Parsed, rows: list[np.ndarray] | RowBlocks
-) -> Answered:
+async def run_rows(parsed: Parsed, rows: list[np.ndarray] | RowBlocks) -> Answered:
     """Queue `rows` for `parsed.model` and return their vectors, in order; `RowBlocks` are
     queued block by block, as they are made."""
-    services, model = parsed.services, parsed.model
-    timeout_ms = timeout_ms_of(request, services.settings.request_timeout_ms)
+    services, model, call = parsed.services, parsed.model, parsed.call
     count = rows.count if isinstance(rows, RowBlocks) else len(rows)
-    admit_or_refuse(services, model, count, timeout_ms)
-    parts = _Parts(request, call, parsed, timeout_ms)
+    admit_or_refuse(services, model, count, call.timeout_ms)
+    parts = _Parts(parsed)
     if isinstance(rows, RowBlocks):
         first = parts.of(await anext(rows.blocks))
         more = parts.each(rows.blocks)
     else:
         first, more = parts.of(rows), None
-    replies: list[EmbeddingResult] = await submit(services, request, first, more=more)  # type: ignore[assignment]
+    replies: list[EmbeddingResult] = await submit(services, call, first, more=more)  # type: ignore[assignment]
     tokens = sum(r.n_tokens for r in replies)
     return Answered(_in_order(replies, parts.groups, count), tokens, replies)
 
@@ -63,13 +52,14 @@ class _Parts:
     """A request's entries, a block of rows at a time: each block's rows grouped by bucket,
     at most `max_entry_rows` to an entry; `groups` keeps each entry's rows' places."""
 
-    def __init__(self, request: Request, call: Call, parsed: Parsed, timeout_ms: int) -> None:
+    def __init__(self, parsed: Parsed) -> None:
+        call = parsed.call
         self._services, self._name = parsed.services, parsed.model.info.name
-        self._request_id = call.request_id or ""
+        self._request_id = call.request_id
         start_ms = now_ms()
-        self._start_ms, self._deadline_ms = start_ms, start_ms + timeout_ms
-        self._timeout_ms = timeout_ms
-        self._base, self._priority = self._services.next_id(), priority_of(request)
+        self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
+        self._timeout_ms = call.timeout_ms
+        self._base, self._priority = self._services.next_id(), call.priority
         self.groups: list[list[int]] = []
         self._offset = 0
 
@@ -120,7 +110,7 @@ def _in_order(replies: list[EmbeddingResult], groups: list[list[int]], n: int) -
 
 def tuning_headers(call: Call, answered: Answered | None) -> dict[str, str]:
     """How the rows were batched: where each went, with whom, and how long it waited."""
-    headers = {"X-Request-ID": call.request_id or ""}
+    headers = {"X-Request-ID": call.request_id}
     replies = answered.replies if answered is not None else []
     if not replies:
         return headers

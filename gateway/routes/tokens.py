@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from common.errors import InvalidRequest
 from gateway.encoder_schemas import TeiTokenizeRequest
-from gateway.request import Call, api_call, parse_call
+from gateway.request import Call, Parsed, api_call
 from gateway.routes.chat import render
 from gateway.schemas import DetokenizeRequest, TokenizeRequest, openapi_body
 
@@ -30,13 +30,12 @@ async def tokenize(request: Request) -> Response:
     except orjson.JSONDecodeError:
         raw = None
     if isinstance(raw, dict) and "inputs" in raw:
-        return await api_call(request, TOKENIZE, lambda call: _tokenize_tei(request, call))
-    return await api_call(request, TOKENIZE, lambda call: _tokenize(request, call))
+        return await api_call(request, TOKENIZE, TeiTokenizeRequest, None, _tokenize_tei)
+    return await api_call(request, TOKENIZE, TokenizeRequest, None, _tokenize)
 
 
-async def _tokenize_tei(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, TeiTokenizeRequest, kind=None)
-    req: TeiTokenizeRequest = parsed.body
+async def _tokenize_tei(parsed: Parsed[TeiTokenizeRequest]) -> Response:
+    req = parsed.body
     texts = [req.inputs] if isinstance(req.inputs, str) else req.inputs
     prompts = parsed.model.info.prompts
     if req.prompt_name is not None:
@@ -51,15 +50,14 @@ async def _tokenize_tei(request: Request, call: Call) -> Response:
     body = await pool.run(
         chars, lambda: [tokenizer.spans(t, req.add_special_tokens) for t in texts]
     )
-    return _json(body, call)
+    return _json(body, parsed.call)
 
 
 async def detokenize(request: Request) -> Response:
-    return await api_call(request, DETOKENIZE, lambda call: _detokenize(request, call))
+    return await api_call(request, DETOKENIZE, DetokenizeRequest, None, _detokenize)
 
 
-async def _tokenize(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, TokenizeRequest, kind=None)
+async def _tokenize(parsed: Parsed[TokenizeRequest]) -> Response:
     req, model = parsed.body, parsed.model
     if req.messages is not None:  # the template writes the special tokens itself
         text, special = render(model, req.messages), bool(req.add_special_tokens)
@@ -69,16 +67,15 @@ async def _tokenize(request: Request, call: Call) -> Response:
     pool = parsed.services.tokenize
     ids = await pool.run(len(text), model.tokenizer.encode_text, text, special)
     body = {"count": len(ids), "max_model_len": model.info.max_tokens, "tokens": ids}
-    return _json(body, call)
+    return _json(body, parsed.call)
 
 
-async def _detokenize(request: Request, call: Call) -> Response:
-    parsed = await parse_call(request, call, DetokenizeRequest, kind=None)
+async def _detokenize(parsed: Parsed[DetokenizeRequest]) -> Response:
     ids = parsed.body.tokens
     text = await parsed.services.tokenize.run(len(ids), parsed.model.tokenizer.decode, ids)
-    return _json({"prompt": text}, call)
+    return _json({"prompt": text}, parsed.call)
 
 
 def _json(body: dict, call: Call) -> Response:
-    headers = {"X-Request-ID": call.request_id or ""}
+    headers = {"X-Request-ID": call.request_id}
     return Response(orjson.dumps(body), 200, headers, media_type="application/json")

@@ -15,7 +15,6 @@ from worker.embed.runners.onnx_runner import OnnxRunner
 from worker.embed.runners.torch_runner import TorchRunner
 from worker.models import Pooling, describe
 
-pytestmark = pytest.mark.slow
 TEXTS = [
     "micro-batching is neat",
     "a somewhat longer sentence about queues, deadlines and the padding of batches " * 6,

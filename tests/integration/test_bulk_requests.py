@@ -29,6 +29,9 @@ from tests.conftest import (
 from tests.integration.test_embeddings_pipeline import cosine, text_of, tokenizer
 from tests.integration.test_faults import QUICK, worker_metrics
 from tests.integration.test_observability import sample
+from tests.integration.test_trimming import batches_run
+
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 ENTRY_ROWS = 4
 
@@ -93,10 +96,21 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
     """Two entries of six rows, batches of two at 400 ms: the worker dies with some rows
     computed and none answered; a peer redoes both entries whole, and nothing stays pending."""
     common = {"redis_url": redis_url, "model": "noop", "max_entry_rows": 6, **QUICK}
-    doomed = processes.start("worker", noop_compute_ms=400, max_batch_size=2, **common)
+    doomed_port = free_port()
+    doomed = processes.start(
+        "worker", noop_compute_ms=400, max_batch_size=2, metrics_port=doomed_port, **common
+    )
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
     port = free_port()
+
+    async def batches_of_the_doomed() -> float:
+        async with httpx.AsyncClient(timeout=2) as client:
+            try:
+                metrics = await client.get(f"http://127.0.0.1:{doomed_port}/metrics")
+            except httpx.ConnectError:  # its metrics server is not up yet
+                return 0
+        return batches_run(metrics.text)
 
     async def scenario() -> httpx.Response:
         async with httpx.AsyncClient(timeout=60) as client:
@@ -110,7 +124,8 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
                 "the doomed worker holding both entries",
                 until=lambda q: q.pending == 2,
             )
-            await asyncio.sleep(0.6)  # a batch or two of its rows computed, no entry answered
+            # a batch or two of its rows computed, no entry (six rows) answered yet
+            await eventually(batches_of_the_doomed, 15, "a batch computed", until=lambda n: n >= 1)
             doomed.signal(signal.SIGKILL)
             processes.start("worker", metrics_port=port, **common)
             return await request

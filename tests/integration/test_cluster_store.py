@@ -8,9 +8,9 @@ node it discovers from its own connection settings, so the packing must reach th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import redis
 from common import streams
 from common.settings import Settings
 from common.store import close_store, open_store, pipeline
-from tests.conftest import cluster_port
+from tests.conftest import cluster_port, wait_until
 
 
 @pytest.fixture
@@ -38,19 +38,20 @@ def one_node_cluster(tmp_path: Path) -> Iterator[str]:
     )
     try:
         client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.execute_command("CLUSTER ADDSLOTSRANGE", 0, 16383)
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"redis-server did not start on port {port}")
-                time.sleep(0.05)
-        while client.cluster("info")["cluster_state"] != "ok":
-            if time.monotonic() > deadline:
-                pytest.fail("the one-node cluster never became ok")
-            time.sleep(0.05)
+
+        def listening() -> bool:
+            with contextlib.suppress(redis.ConnectionError):
+                return bool(client.ping())
+            return False
+
+        wait_until(listening, 10, f"redis-server on port {port}")
+        client.execute_command("CLUSTER ADDSLOTSRANGE", 0, 16383)
+        wait_until(
+            lambda: client.cluster("info")["cluster_state"],
+            10,
+            "the one-node cluster ok",
+            until=lambda state: state == "ok",
+        )
         client.close()
         yield f"redis://127.0.0.1:{port}/0"
     finally:

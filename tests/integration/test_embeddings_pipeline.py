@@ -17,6 +17,8 @@ from tokenizers import Tokenizer
 from tests.conftest import Processes, RedisServer, wait_ready
 from worker.models import default_model_path
 
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
+
 WORDS = [
     "batch",
     "queue",

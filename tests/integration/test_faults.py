@@ -87,10 +87,12 @@ def test_killed_after_publishing_before_acking_the_duplicate_is_dropped_and_coun
     async def scenario() -> httpx.Response:
         request = asyncio.create_task(fire(gateway.base_url, texts(1)))
         # Play the dead worker up to the crash: read, publish the reply, never ack.
-        while not (
-            read := client.xreadgroup("workers", "ghost", {"mb:{noop}:req:128": ">"}, count=1)
-        ):
-            await asyncio.sleep(0.02)
+        read = await eventually(
+            lambda: client.xreadgroup("workers", "ghost", {"mb:{noop}:req:128": ">"}, count=1),
+            15,
+            "the request on its stream",
+            interval_s=0.02,
+        )
         entry = decode(read[0][1][0][1][b"m"])
         reply = EmbeddingResult(
             id=entry.id,
@@ -111,13 +113,13 @@ def test_killed_after_publishing_before_acking_the_duplicate_is_dropped_and_coun
 
     response = asyncio.run(scenario())
     assert response.status_code == 200 and response.headers["x-microbatch-worker"] == "ghost"
-    deadline = time.monotonic() + 15
-    duplicates = 0.0
-    while time.monotonic() < deadline and not duplicates:
-        duplicates = sample(
+    duplicates = wait_until(
+        lambda: sample(
             httpx.get(f"{gateway.base_url}/metrics").text, "microbatch_duplicate_replies_total"
-        )
-        time.sleep(0.2)
+        ),
+        15,
+        "the duplicate reply counted",
+    )
     assert duplicates == 1
     assert pending(redis_url) == 0
     client.close()
@@ -171,10 +173,11 @@ def test_a_slow_but_alive_worker_is_not_robbed(redis_url: str, processes: Proces
             until=lambda q: q.pending == 4,
         )
         processes.start("worker", metrics_port=port, **common)  # an idle peer, claiming eagerly
-        while not requests.done():  # the slow worker keeps renewing its lease meanwhile
-            rows = client.xpending_range("mb:{noop}:req:128", "workers", "-", "+", 10)
-            idle_seen.extend(row["time_since_delivered"] for row in rows)
-            await asyncio.sleep(0.05)
+        async with asyncio.timeout(45):  # four 3 s batches, however slow the host
+            while not requests.done():  # the slow worker keeps renewing its lease meanwhile
+                rows = client.xpending_range("mb:{noop}:req:128", "workers", "-", "+", 10)
+                idle_seen.extend(row["time_since_delivered"] for row in rows)
+                await asyncio.sleep(0.05)
         return await requests
 
     responses = asyncio.run(scenario())
@@ -226,17 +229,25 @@ def test_a_hung_worker_fails_readiness_and_its_entries_go_to_a_peer(
     )
     # Readiness fails within worker_stale_ms of the hang: its loop no longer beats.
     hung_name = f"{_host()}-{hung.popen.pid}"
-    deadline = time.monotonic() + 10
-    while True:
+
+    def status() -> dict:
         result = CliRunner().invoke(
             app, ["status", "--redis-url", redis_url, "--json", "--worker-stale-ms", "1500"]
         )
         [model] = json.loads(result.output)
-        live = {w["name"]: w["live"] for w in model["workers"]}
-        if not live[hung_name] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert live[hung_name] is False
+        return model
+
+    def live(model: dict) -> dict[str, bool]:
+        return {w["name"]: w["live"] for w in model["workers"]}
+
+    model = wait_until(
+        status,
+        10,
+        "the hung worker no longer live",
+        until=lambda m: not live(m)[hung_name],
+        interval_s=0.2,
+    )
+    assert live(model)[hung_name] is False
     assert model["live_workers"] == 1
     hung.signal(signal.SIGKILL)
 
@@ -260,12 +271,13 @@ def test_a_poison_input_is_dead_lettered_after_max_deliveries_without_a_crash_lo
         nonlocal worker
         request = asyncio.create_task(fire(gateway.base_url, [{"input": [[101, POISON, 102]]}]))
         restarts = 0
-        while not request.done():
-            await asyncio.sleep(0.1)
-            if worker.popen.poll() is not None:
-                assert worker.popen.returncode == 70
-                restarts += 1
-                worker = processes.start("worker", **common)  # what an orchestrator does
+        async with asyncio.timeout(45):  # three deliveries and their restarts
+            while not request.done():
+                await asyncio.sleep(0.1)
+                if worker.popen.poll() is not None:
+                    assert worker.popen.returncode == 70
+                    restarts += 1
+                    worker = processes.start("worker", **common)  # what an orchestrator does
         [response] = await request
         return response, restarts
 

@@ -16,12 +16,10 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 import redis
 
 from tests.conftest import Proc, Processes, wait_ready, wait_until, wait_workers
 
-pytestmark = pytest.mark.slow
 NOOP_DIM = 384
 
 

@@ -10,18 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import orjson
 import pytest
 
-from tests.conftest import Processes, eventually, free_port, queue_counts, wait_ready, wait_workers
+from tests.conftest import (
+    Processes,
+    eventually,
+    free_port,
+    queue_counts,
+    wait_ready,
+    wait_until,
+    wait_workers,
+)
 from tests.integration.test_generation import metric
 from worker.generate.tiny_model import TinyShape, write_tiny_model
 
-pytestmark = pytest.mark.slow
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
 LONG = 1500
 # 1,500 tokens, a worker's restart and the whole answer again take over the default 30 s
@@ -36,12 +42,12 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def wait_running(metrics_url: str, count: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metric(metrics_url, "microbatch_running_sequences") >= count:
-            return
-        time.sleep(0.05)
-    pytest.fail(f"{count} sequences never ran")
+    wait_until(
+        lambda: metric(metrics_url, "microbatch_running_sequences"),
+        timeout,
+        f"{count} sequences running",
+        until=lambda n: n >= count,
+    )
 
 
 async def read_stream(client: httpx.AsyncClient, body: dict, events: list) -> None:
@@ -113,8 +119,13 @@ def test_a_stream_whose_worker_dies_after_sending_text_ends_with_an_error_not_re
         events: list = []
         async with httpx.AsyncClient(base_url=gateway.base_url, timeout=120) as client:
             stream = asyncio.create_task(read_stream(client, body, events))
-            while len(text_events(events)) < 3:
-                await asyncio.sleep(0.01)
+            await eventually(
+                lambda: len(text_events(events)),
+                60,
+                "three streamed text events",
+                until=lambda n: n >= 3,
+                interval_s=0.01,
+            )
             doomed.signal(signal.SIGKILL)
             processes.start("worker", **common)
             await asyncio.wait_for(stream, 90)

@@ -13,7 +13,6 @@ from common.settings import Settings
 from gateway.tokenize import ModelTokenizer
 from worker.loading import load_model
 
-pytestmark = pytest.mark.slow
 TEXTS = [
     "micro-batching is neat",
     "a somewhat longer sentence about queues, deadlines and the padding of batches " * 6,

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import Processes, wait_ready
 
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
+
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory) -> Iterator[str]:
@@ -103,3 +105,30 @@ def test_hostile_bodies_get_a_defined_answer(gateway: str, content: bytes, statu
 
 def test_the_gateway_still_serves_after_all_that(gateway: str) -> None:
     assert httpx.post(f"{gateway}/v1/embeddings", json={"input": "still fine"}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        # b"\xb2" is "²" as the server decodes headers (latin-1): a Unicode digit, for which
+        # str.isdigit() holds and int() raises
+        ("X-Microbatch-Timeout-Ms", b"\xb2"),
+        ("X-Microbatch-Timeout-Ms", "٣٠٠٠".encode()),  # Arabic-Indic digits, as UTF-8
+        ("X-Microbatch-Timeout-Ms", b"0"),
+        ("X-Microbatch-Priority", b"urgent"),
+        ("X-Request-ID", b"has space"),
+    ],
+)
+def test_a_malformed_header_is_a_400_naming_it_before_the_body_is_read(
+    gateway: str, header: str, value: bytes
+) -> None:
+    """Every header is checked at the edge, before the body: even a body that is not JSON
+    gets the header's 400, not the body's."""
+    response = httpx.post(
+        f"{gateway}/v1/embeddings",
+        content=b"not json",
+        headers={"content-type": "application/json", header: value},
+        timeout=30,
+    )
+    assert response.status_code == 400, response.text
+    assert header in response.json()["error"]["message"]

@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import Processes, RedisServer
 from tests.integration.test_generation import metric, serve_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 PROMPT = np.random.default_rng(5).integers(3, 500, size=10).tolist()
 TOLERANCE = 1e-4

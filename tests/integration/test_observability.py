@@ -269,13 +269,13 @@ def test_the_request_id_is_carried_into_the_workers_batch_log_line(processes: Pr
         timeout=30,
     )
     assert r.status_code == 200
-    deadline = time.monotonic() + 10
-    batch_lines: list[dict] = []
-    while not batch_lines and time.monotonic() < deadline:
+
+    def batch_lines() -> list[dict]:
         lines = [json.loads(line) for line in serve.output().splitlines() if line.startswith("{")]
-        batch_lines = [line for line in lines if line["msg"] == "batch"]
-        time.sleep(0.1)
-    [line] = [b for b in batch_lines if "follow-me-123" in b["request_ids"]]
+        return [line for line in lines if line["msg"] == "batch"]
+
+    logged = wait_until(batch_lines, 10, "the worker's batch log line", interval_s=0.1)
+    [line] = [b for b in logged if "follow-me-123" in b["request_ids"]]
     assert (
         line["size"] == 1 and line["bucket"] == 128 and line["padded_tokens"] == line["real_tokens"]
     )

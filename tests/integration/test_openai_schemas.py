@@ -16,7 +16,7 @@ from tests.conftest import Processes, RedisServer
 from tests.integration.test_generation import serve_tiny
 from tests.openai import schema_errors
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "kalo mine?"}]
 COMPLETIONS = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import httpx
@@ -18,6 +19,7 @@ from tests.conftest import (
     queue_counts,
     texts,
     wait_ready,
+    wait_until,
 )
 from tests.integration.test_observability import sample
 
@@ -31,15 +33,14 @@ def own_redis(tmp_path, persist: bool) -> RedisServer:
 
 
 def wait_status(url: str, status: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=3).status_code == status:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"/readyz never answered {status}")
+    def readyz() -> int | None:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/readyz", timeout=3).status_code
+        return None  # no answer at all
+
+    wait_until(
+        readyz, timeout, f"/readyz answering {status}", until=lambda s: s == status, interval_s=0.2
+    )
 
 
 async def catalog_sees_redis_down(url: str) -> bool:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import Processes, RedisServer, wait_ready
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 QUERY = "where do micro-batches wait before a worker runs them"
 DOCUMENTS = [
     "Entries wait on a Redis stream, one per length bucket, until a worker reads them.",

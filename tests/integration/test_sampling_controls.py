@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import Processes, RedisServer
 from tests.integration.test_generation import serve_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 PROMPT = np.random.default_rng(11).integers(3, 500, size=12).tolist()
 LEAN = 8.0  # a logit bias on token 7 that makes plain greedy repeat it

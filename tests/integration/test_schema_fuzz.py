@@ -19,6 +19,8 @@ from schemathesis.checks import not_a_server_error
 
 from tests.conftest import Processes, wait_ready
 
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
+
 EXAMPLES_PER_OPERATION = 50
 
 

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import Processes, RedisServer
 from tests.integration.test_generation import serve_tiny
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 PERSON = {
     "type": "object",

@@ -16,12 +16,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 
 from common.settings import Settings
 from common.store import close_store, open_store
 from gateway.app import create_app
-from tests.conftest import Processes, free_port
+from tests.conftest import Processes, free_port, wait_until
 
 DEADLINE_MS = "60000"  # far beyond every wait below: an answer before it is not the deadline
 
@@ -108,13 +107,18 @@ def gateway_in_thread(settings: Settings, store: FaultyStore) -> Iterator[str]:
 
 
 def _wait_ready(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def readyz() -> int | None:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    pytest.fail(f"the in-process gateway at {url} never became ready")
+            return httpx.get(f"{url}/readyz", timeout=2).status_code
+        return None  # not listening yet
+
+    wait_until(
+        readyz,
+        timeout_s,
+        f"the in-process gateway at {url} ready",
+        until=lambda status: status == 200,
+        interval_s=0.1,
+    )
 
 
 def _settings(redis_url: str) -> Settings:

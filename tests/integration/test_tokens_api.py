@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from tests.conftest import Processes, RedisServer, wait_ready
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 TEXT = "Micro-batching keeps the hardware busy."
 
 

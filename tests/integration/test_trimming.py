@@ -11,13 +11,21 @@ from __future__ import annotations
 import asyncio
 import re
 import signal
-import time
 
 import httpx
 import redis
 
 from common.protocol import DeadLetter, decode
-from tests.conftest import Proc, Processes, fire, free_port, texts, wait_ready
+from tests.conftest import (
+    Proc,
+    Processes,
+    eventually,
+    fire,
+    free_port,
+    texts,
+    wait_ready,
+    wait_until,
+)
 from tests.integration.test_faults import pending, worker_metrics
 from tests.integration.test_observability import sample
 
@@ -38,13 +46,6 @@ def batches_run(metrics: str) -> float:
 def _token_bodies(n: int) -> list[dict]:
     """Request i has i + 3 tokens, so an answer routed to the wrong request would show."""
     return [{"input": [[101] + [7] * (i % 120 + 1) + [102]]} for i in range(n)]
-
-
-def _until(check, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} not within {timeout_s}s"
-        time.sleep(0.05)
 
 
 def _held_by(client: redis.Redis, consumer: str) -> list[str]:
@@ -73,7 +74,12 @@ def test_hundreds_of_requests_each_get_one_answer_and_leave_the_streams_empty(
     request_streams = list(client.scan_iter("mb:{noop}:req:*"))
     assert request_streams
     # Ack and delete travel in the pipeline right behind the reply: give it a moment to land.
-    _until(lambda: sum(client.xlen(s) for s in request_streams) == 0, 5, "empty streams")
+    wait_until(
+        lambda: sum(client.xlen(s) for s in request_streams),
+        5,
+        "empty streams",
+        until=lambda n: n == 0,
+    )
     assert pending(redis_url) == 0
     assert client.xlen("mb:{noop}:dead") == 0
     client.close()
@@ -85,10 +91,12 @@ def _hold_then(gateway: Proc, client: redis.Redis, consumer: str, act) -> list[h
     async def scenario() -> list[httpx.Response]:
         headers = {"X-Microbatch-Timeout-Ms": "4000"}
         requests = asyncio.create_task(fire(gateway.base_url, texts(HELD), headers))
-        deadline = time.monotonic() + 10
-        while len(_held_by(client, consumer)) < HELD:
-            assert time.monotonic() < deadline, "the worker never held every request"
-            await asyncio.sleep(0.05)
+        await eventually(
+            lambda: len(_held_by(client, consumer)),
+            10,
+            "the worker holding every request",
+            until=lambda n: n >= HELD,
+        )
         act()
         return await requests
 
@@ -115,10 +123,11 @@ def test_a_peer_never_runs_pending_entries_whose_payload_was_deleted(
     try:
         responses = _hold_then(gateway, client, "stuck", stop_and_delete)
         assert [r.status_code for r in responses] == [504] * HELD, "none of them ran"
-        _until(
-            lambda: sample(worker_metrics(port), "microbatch_dead_letters_total") == HELD,
+        wait_until(
+            lambda: sample(worker_metrics(port), "microbatch_dead_letters_total"),
             15,
             "the peer counting every lost payload",
+            until=lambda n: n == HELD,
         )
         assert batches_run(worker_metrics(port)) == 0
         assert pending(redis_url) == 0, "the lost entries left the pending list"
@@ -152,7 +161,12 @@ def test_a_successor_dead_letters_its_pending_entries_trimmed_away_and_stays_up(
     responses = _hold_then(gateway, client, "same", kill_and_trim)
 
     assert [r.status_code for r in responses] == [504] * HELD, "none of them ran"
-    _until(lambda: client.xlen("mb:{noop}:dead") == HELD, 15, "every lost entry dead-lettered")
+    wait_until(
+        lambda: client.xlen("mb:{noop}:dead"),
+        15,
+        "every lost entry dead-lettered",
+        until=lambda n: n == HELD,
+    )
     letters = [decode(fields[b"m"]) for _, fields in client.xrange("mb:{noop}:dead")]
     assert all(isinstance(d, DeadLetter) and "payload lost" in d.reason for d in letters)
     metrics = worker_metrics(port)

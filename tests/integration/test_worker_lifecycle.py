@@ -12,7 +12,15 @@ import msgpack
 import redis
 
 from common.protocol import DeadLetter, decode
-from tests.conftest import Processes, eventually, fire, queue_counts, texts, wait_ready
+from tests.conftest import (
+    Processes,
+    eventually,
+    fire,
+    queue_counts,
+    texts,
+    wait_ready,
+    wait_until,
+)
 
 
 def test_sigterm_drains_what_the_worker_holds_and_exits_zero(
@@ -64,9 +72,13 @@ def test_garbage_entries_are_dead_lettered_and_the_worker_carries_on(
     ]
     for payload in garbage:
         client.xadd(stream, {"m": payload})
-    deadline = time.monotonic() + 20
-    while client.xlen("mb:{noop}:dead") < len(garbage) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: client.xlen("mb:{noop}:dead"),
+        20,
+        "every garbage entry dead-lettered",
+        until=lambda n: n >= len(garbage),
+        interval_s=0.1,
+    )
     letters = [decode(fields[b"m"]) for _, fields in client.xrange("mb:{noop}:dead")]
     assert len(letters) == len(garbage)
     assert all(isinstance(d, DeadLetter) and d.reason.startswith("malformed") for d in letters)
@@ -88,20 +100,26 @@ def test_a_restarted_worker_first_serves_its_own_pending_entries(
     gateway = processes.start("gateway", **common)
     client = redis.Redis.from_url(redis_url)
     worker = processes.start("worker", **common)
-    deadline = time.monotonic() + 60
-    while not client.exists("mb:{noop}:req:128") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: client.exists("mb:{noop}:req:128"),
+        60,
+        "the worker creating its stream",
+        interval_s=0.1,
+    )
     worker.signal(signal.SIGKILL)
     worker.wait(10)
 
     async def scenario() -> list[httpx.Response]:
         requests = asyncio.create_task(fire(gateway.base_url, texts(3)))
         # Play the dead worker: read the entries into worker-a's pending list, never ack.
-        taken = 0
-        while taken < 3:
+        taken: list = []
+
+        def take() -> int:
             read = client.xreadgroup("workers", "worker-a", {"mb:{noop}:req:128": ">"}, count=10)
-            taken += len(read[0][1]) if read else 0
-            await asyncio.sleep(0.05)
+            taken.extend(read[0][1] if read else [])
+            return len(taken)
+
+        await eventually(take, 15, "three entries taken", until=lambda n: n >= 3)
         processes.start("worker", **common)
         return await requests
 

@@ -10,12 +10,10 @@ import json
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.conftest import Processes, wait_ready
 from worker.profiling import PROFILED_BATCHES, WARMUP_BATCHES
 
-pytestmark = pytest.mark.slow
 HIDDEN = 384  # all-MiniLM-L6-v2
 
 
