@@ -2,7 +2,7 @@
 
 No HTTP, no queue, no waiting: what the hardware allows for a batching plan. Each plan is a
 list of batches (indices into the workload); a batch is padded to its own longest member,
-exactly as `worker.embed.collate` pads. Timed with `perf_counter` around each forward.
+exactly as `worker.encode.collate` pads. Timed with `perf_counter` around each forward.
 
 - limit: the whole workload sorted by length, cut into batches of at most `max_size` texts,
   `max_tokens` padded tokens and `max_ratio` padded/real tokens. No server can beat this
@@ -23,8 +23,8 @@ from functools import partial
 
 from benchmarks.embed_workload import MODEL_NAME, Workload
 from worker.compute_threads import ComputeThreads
-from worker.embed.parallelism import Parallelism, usable_cores
-from worker.embed.runners.base import Runner
+from worker.encode.parallelism import Parallelism, usable_cores
+from worker.encode.runners.base import Runner
 
 Plan = list[list[int]]  # batches of workload indices
 

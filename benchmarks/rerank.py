@@ -53,7 +53,7 @@ WORDS = WORDS_TEXT.split()
 
 
 def write_model(folder: Path) -> Path:
-    from worker.embed.tiny_classifier import write_tiny_classifier
+    from worker.encode.tiny_classifier import write_tiny_classifier
 
     return write_tiny_classifier(folder, layers=6, hidden=384, heads=12, seed=0)
 
@@ -73,7 +73,7 @@ def workload(seed: int = 0) -> list[dict]:
 def offline_rounds(folder: Path, bodies: list[dict], rounds: int, dtype: str) -> list[float]:
     """Pairs/s of the worker's runner on the same rows, sorted by length, batches of 32."""
     from gateway.tokenize import ModelTokenizer
-    from worker.embed.runners.classifier_runner import ClassifierRunner
+    from worker.encode.runners.classifier_runner import ClassifierRunner
     from worker.models import describe
 
     files = describe(str(folder))

@@ -37,8 +37,8 @@ SCHEMA = (
 def _engine_and_grammars(path: Path, threads: int):
     from tokenizers import Tokenizer
 
+    from worker.generate.constraints import Grammars
     from worker.generate.engine import GenerationEngine
-    from worker.generate.structure import Grammars
 
     engine = GenerationEngine(path, threads=threads)
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))

@@ -136,7 +136,9 @@ class Settings(BaseSettings):
         default_factory=lambda: [128, 256, 512],
         description="length buckets in tokens; the largest is the input limit",
     )
-    max_batch_size: int = Field(default=16, gt=0, description="entries per batch")
+    max_batch_size: int = Field(
+        default=16, gt=0, description="rows (inputs) per batch, from any number of requests"
+    )
     max_batch_tokens: int = Field(
         default=16_384, gt=0, description="padded tokens per batch (size × longest member)"
     )
@@ -161,7 +163,7 @@ class Settings(BaseSettings):
     sort_window: int = Field(
         default=64,
         gt=0,
-        description="entries a worker holds to sort by length; fewer where it could not "
+        description="rows a worker holds to sort by length; fewer where it could not "
         "start them within `latency_slo_ms` (at least a full batch per compute stream)",
     )
     claim_idle_ms: int = Field(
@@ -203,7 +205,7 @@ class Settings(BaseSettings):
         "see [operations.md](operations.md#profiling-a-worker)",
     )
     # "auto": one per core up to 4 cores, else one per 4; always 1 on a GPU, for generation
-    # and for noop (worker/embed/parallelism.py).
+    # and for noop (worker/encode/parallelism.py).
     compute_streams: int | Literal["auto"] = Field(
         default="auto", description="embedding batches computed at once, each on its share of cores"
     )

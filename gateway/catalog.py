@@ -35,14 +35,14 @@ class ModelEntry:
     tokenizer: ModelTokenizer
     live_workers: int = 0
     depth: int = 0  # waiting + in progress, all buckets
-    service_rate_per_s: float | None = None  # see ServiceRate; None when not trustworthy
+    service_rate_per_s: float | None = None  # see DeliveryRate; None when not trustworthy
 
 
 Counters = dict[int, int]  # bucket -> XINFO GROUPS entries-read of its stream
 
 
 @dataclass(slots=True)
-class ServiceRate:
+class DeliveryRate:
     """Entries/s a model's workers take off its streams, from XINFO GROUPS `entries-read`.
 
     Only intervals with a backlog at both ends count: with nothing waiting, the delivery rate
@@ -124,7 +124,7 @@ class Catalog:
         self._tokenizers: dict[tuple[str, int, int], ModelTokenizer] = {}
         self._last_refresh = 0.0
         self._lock = asyncio.Lock()
-        self._rates: dict[str, ServiceRate] = {}
+        self._rates: dict[str, DeliveryRate] = {}
         # given each generation model's live workers and their loads, every refresh
         self.on_loads: Callable[[str, dict[str, int]], None] | None = None
 
@@ -167,7 +167,7 @@ class Catalog:
                 self._settings.worker_stale_ms,
             )
             statuses.append(state)
-            rate = self._rates.setdefault(name, ServiceRate()).observe(
+            rate = self._rates.setdefault(name, DeliveryRate()).observe(
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
             models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)

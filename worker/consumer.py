@@ -29,8 +29,8 @@ from worker.leases import Leases
 from worker.liveness import Liveness
 from worker.publisher import Publisher
 from worker.reclaim import Reclaimer
-from worker.recovery import EntryLimits
 from worker.supervisor import Supervisor
+from worker.triage import EntryLimits
 from worker.wiring import Wiring
 
 

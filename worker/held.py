@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from worker.recovery import Entry
+from worker.triage import Entry
 
 
 @dataclass(slots=True)

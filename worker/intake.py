@@ -1,6 +1,6 @@
 """`Intake`: a worker's reading side — read, triage, hand over — for either loop.
 
-It reads entries while the loop has room, passes each through `recovery.decide`, hands the
+It reads entries while the loop has room, passes each through `triage.decide`, hands the
 loop what may run (`hold`, its only call into the loop, with `room` its only question) and
 takes a lease on it; what may not run it answers or dead-letters through the publisher at
 once. New entries come from its own reader; the reclaimer brings it a dead peer's and its
@@ -24,7 +24,7 @@ from common.clock import wall_ms
 from common.protocol import DeadLetter, encode
 from common.settings import Settings
 from common.store import Store
-from worker import recovery
+from worker import triage
 from worker.held import Held
 from worker.inbox import Inbox
 from worker.leases import Leases
@@ -50,7 +50,7 @@ class Intake:
         self,
         settings: Settings,
         store: Store,
-        limits: recovery.EntryLimits,
+        limits: triage.EntryLimits,
         name: str,
         *,
         loop: Sink,
@@ -138,8 +138,8 @@ class Intake:
             if (item.stream, item.entry_id) in self._leases:
                 continue  # our own entry, idle only because it waits here: already held
             count = deliveries.get(item.entry_id, 1)
-            decision = recovery.decide(item.payload, count, now_ms, self._limits)
-            if isinstance(decision, recovery.Process):
+            decision = triage.decide(item.payload, count, now_ms, self._limits)
+            if isinstance(decision, triage.Process):
                 entry = decision.entry
                 # Prompts past the largest bucket share it; embedding inputs never get there.
                 bucket = bucket_for(entry.longest, buckets) or buckets[-1]
@@ -147,7 +147,7 @@ class Intake:
                 self._loop.hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
                 continue
             done.append((item.stream, item.entry_id))
-            if isinstance(decision, recovery.Reject):
+            if isinstance(decision, triage.Reject):
                 replies.append(
                     error_reply(
                         decision.entry, decision.status, decision.code, decision.message, self.name
@@ -162,7 +162,7 @@ class Intake:
         self,
         item: streams.StreamEntry,
         count: int,
-        decision: recovery.DeadLetter,
+        decision: triage.DeadLetter,
         replies: list[Reply],
     ) -> None:
         request_id = decision.entry.request_id if decision.entry else None
@@ -190,7 +190,7 @@ class Intake:
             )
 
 
-def request_streams(settings: Settings, limits: recovery.EntryLimits, name: str) -> list[str]:
+def request_streams(settings: Settings, limits: triage.EntryLimits, name: str) -> list[str]:
     """The streams a worker reads: its model's buckets and, for a generation worker routed to
     by cache affinity, its own affinity stream."""
     keys = streams.Keys(settings.prefix)
@@ -200,5 +200,5 @@ def request_streams(settings: Settings, limits: recovery.EntryLimits, name: str)
     return out
 
 
-def affine(settings: Settings, limits: recovery.EntryLimits) -> bool:
+def affine(settings: Settings, limits: triage.EntryLimits) -> bool:
     return limits.generates and settings.cache_aware_routing

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from common.protocol import ModelKind
 from common.settings import Settings
-from worker.embed.runners.base import Runner
-from worker.embed.runners.noop import NoopRunner
-from worker.embed.runners.torch_runner import TorchRunner
+from worker.encode.runners.base import Runner
+from worker.encode.runners.noop import NoopRunner
+from worker.encode.runners.torch_runner import TorchRunner
 from worker.models import NOOP_MODEL, ModelFiles, describe
 
 if TYPE_CHECKING:
@@ -76,8 +76,8 @@ def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
         return _torch_runner(settings, files)
     if settings.backend == "onnx":
         return _onnx_runner(settings, files)
-    from worker.embed.parallelism import Parallelism
-    from worker.embed.runners.hybrid_runner import Calibration, HybridRunner
+    from worker.encode.parallelism import Parallelism
+    from worker.encode.runners.hybrid_runner import Calibration, HybridRunner
 
     parallel = Parallelism.from_settings(settings, concurrent_ok=HybridRunner.concurrent)
     at = Calibration(
@@ -100,7 +100,7 @@ def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
             f"{files.name} is a sequence classifier; backend onnx serves embedding models "
             "only: run it with --backend torch"
         )
-    from worker.embed.runners.classifier_runner import ClassifierRunner
+    from worker.encode.runners.classifier_runner import ClassifierRunner
 
     return ClassifierRunner(
         files,
@@ -125,7 +125,7 @@ def _onnx_runner(settings: Settings, files: ModelFiles) -> Runner:
     from importlib.util import find_spec
     from pathlib import Path
 
-    from worker.embed.runners.onnx_runner import OnnxRunner
+    from worker.encode.runners.onnx_runner import OnnxRunner
 
     missing = [m for m in ("onnxruntime", "onnx", "onnxscript") if find_spec(m) is None]
     if missing:

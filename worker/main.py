@@ -20,7 +20,7 @@ from worker.compute_threads import ComputeThreads
 from worker.consumer import Consumer, RunningLoop, compose
 from worker.loading import LoadedModel, load_model
 from worker.profiling import BatchProfiler
-from worker.recovery import EntryLimits
+from worker.triage import EntryLimits
 from worker.wiring import Wiring
 
 log = logging.getLogger("microbatch.worker")
@@ -125,7 +125,7 @@ def build_consumer(
                 profiler=profiler,  # type: ignore[arg-type]
             )
     else:
-        from worker.embed.loop import EmbedLoop
+        from worker.encode.loop import EmbedLoop
 
         def make_loop(wiring: Wiring) -> RunningLoop:
             return EmbedLoop(settings, wiring, model.runner, compute, profiler=profiler)  # type: ignore[arg-type]

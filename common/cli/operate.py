@@ -235,7 +235,7 @@ def tiny_model(
     --intermediate 1536 --vocab-size 49152 --max-positions 2048.
     """
     if kind in ("cross-encoder", "classifier"):
-        from worker.embed.tiny_classifier import write_tiny_classifier
+        from worker.encode.tiny_classifier import write_tiny_classifier
 
         names = tuple(n.strip() for n in labels.split(",") if n.strip())
         write_tiny_classifier(path, names if kind == "classifier" else (), seed=seed)

@@ -13,7 +13,7 @@ import orjson
 
 from common.errors import InvalidRequest
 from common.protocol import pack_tokens
-from common.structure import StructureError, grammar
+from common.response_format import StructureError, grammar
 from gateway.schemas import GenerationParams
 
 MAX_LOGIT_BIAS = 1024

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.embed.runners.encoder import trace_checked
-from worker.embed.runners.hybrid_runner import Calibration, HybridRunner
-from worker.embed.runners.onnx_runner import OnnxRunner
-from worker.embed.runners.torch_runner import TorchRunner
+from worker.encode.runners.encoder import trace_checked
+from worker.encode.runners.hybrid_runner import Calibration, HybridRunner
+from worker.encode.runners.onnx_runner import OnnxRunner
+from worker.encode.runners.torch_runner import TorchRunner
 from worker.models import Pooling, describe
 
 TEXTS = [
@@ -183,8 +183,8 @@ def test_an_onnx_backend_without_onnx_runtime_says_what_to_install(monkeypatch) 
 
 def test_the_classifier_trace_equals_eager_logits_at_any_batch_shape(tmp_path: Path) -> None:
     from gateway.tokenize import ModelTokenizer
-    from worker.embed.runners.classifier_runner import ClassifierRunner
-    from worker.embed.tiny_classifier import write_tiny_classifier
+    from worker.encode.runners.classifier_runner import ClassifierRunner
+    from worker.encode.tiny_classifier import write_tiny_classifier
 
     files = describe(str(write_tiny_classifier(tmp_path / "reranker")))
     traced = ClassifierRunner(files, torchscript=True)

@@ -32,7 +32,7 @@ from worker.compute_threads import ComputeThreads
 from worker.consumer import compose
 from worker.generate.engine import GenerationEngine
 from worker.generate.loop import GenerationLoop
-from worker.recovery import EntryLimits
+from worker.triage import EntryLimits
 
 MODEL = "tiny"
 REPLY = "mb:reply:gen-burst"

@@ -37,8 +37,8 @@ def test_bfloat16_embeddings_are_float32_unit_vectors_near_the_reference(referen
 
 
 def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path, monkeypatch):
-    import worker.embed.collate as collation
-    from worker.embed.tiny_classifier import write_tiny_classifier
+    import worker.encode.collate as collation
+    from worker.encode.tiny_classifier import write_tiny_classifier
 
     widths: list[int] = []
     real_collate = collation.collate

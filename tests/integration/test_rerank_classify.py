@@ -33,7 +33,7 @@ PROMPTS = {"query": "query: ", "passage": "passage: "}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from worker.embed.tiny_classifier import write_tiny_classifier
+    from worker.encode.tiny_classifier import write_tiny_classifier
     from worker.models import default_model_path
 
     root = tmp_path_factory.mktemp("encoders")

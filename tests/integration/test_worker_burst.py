@@ -28,9 +28,9 @@ from common.settings import Settings
 from common.store import close_store, open_store
 from worker.compute_threads import ComputeThreads
 from worker.consumer import compose
-from worker.embed.loop import EmbedLoop
-from worker.embed.runners.base import RowResult, isolate_failures
-from worker.recovery import EntryLimits
+from worker.encode.loop import EmbedLoop
+from worker.encode.runners.base import RowResult, isolate_failures
+from worker.triage import EntryLimits
 
 REPLY = "mb:reply:burst-test"
 POISON = 99

@@ -172,8 +172,8 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
     from common.store import close_store, open_store
     from worker.compute_threads import ComputeThreads
     from worker.consumer import compose
-    from worker.embed.loop import EmbedLoop
-    from worker.recovery import EntryLimits
+    from worker.encode.loop import EmbedLoop
+    from worker.triage import EntryLimits
 
     class Buggy:
         dim = 4

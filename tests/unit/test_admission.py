@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.admission import Admitted, QueueState, Rejected, admit
-from gateway.catalog import ServiceRate
+from gateway.catalog import DeliveryRate
 
 
 def test_room_in_the_queue_admits() -> None:
@@ -99,11 +99,11 @@ def test_deadline_refusal_matches_the_wait_it_reports(
         assert 1.0 <= decision.retry_after_s <= 60.0
 
 
-# ---- the service rate admission trusts (gateway.catalog.ServiceRate) ----------------------
+# ---- the service rate admission trusts (gateway.catalog.DeliveryRate) ----------------------
 
 
 def test_the_service_rate_is_measured_only_across_a_backlog() -> None:
-    rate = ServiceRate(chunk_s=2.0)
+    rate = DeliveryRate(chunk_s=2.0)
     assert rate.observe(0.0, {128: 0}, backlog=True) is None
     assert (
         rate.observe(1.0, {128: 20}, backlog=True) is None
@@ -112,14 +112,14 @@ def test_the_service_rate_is_measured_only_across_a_backlog() -> None:
 
 
 def test_without_a_backlog_deliveries_are_arrivals_and_give_no_rate() -> None:
-    rate = ServiceRate(chunk_s=1.0)
+    rate = DeliveryRate(chunk_s=1.0)
     readings = [rate.observe(float(t), {128: 5 * t}, backlog=False) for t in range(10)]
     assert readings == [None] * 10
 
 
 def test_a_rate_outlives_the_backlog_only_for_the_window() -> None:
     # The next burst lands between two refreshes: the capacity just measured still holds.
-    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
+    rate = DeliveryRate(window_s=5.0, chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(2.0, {128: 40}, backlog=True) == 20.0
     assert rate.observe(3.0, {128: 45}, backlog=False) == 20.0
@@ -128,7 +128,7 @@ def test_a_rate_outlives_the_backlog_only_for_the_window() -> None:
 
 def test_deliveries_in_batch_sized_jumps_average_to_the_true_rate() -> None:
     # A worker reads 16 entries every 0.8 s (20/s); the gateway looks every 0.25 s.
-    rate = ServiceRate(window_s=10.0, chunk_s=2.0)
+    rate = DeliveryRate(window_s=10.0, chunk_s=2.0)
     seen = None
     for step in range(40):
         now = step * 0.25
@@ -137,7 +137,7 @@ def test_deliveries_in_batch_sized_jumps_average_to_the_true_rate() -> None:
 
 
 def test_a_store_that_cannot_count_reports_no_rate_and_forgets_the_window() -> None:
-    rate = ServiceRate(chunk_s=1.0)
+    rate = DeliveryRate(chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(1.0, {128: 10}, backlog=True) == 10.0
     assert rate.observe(2.0, None, backlog=True) is None
@@ -145,14 +145,14 @@ def test_a_store_that_cannot_count_reports_no_rate_and_forgets_the_window() -> N
 
 
 def test_a_counter_that_went_back_after_redis_lost_its_data_is_ignored() -> None:
-    rate = ServiceRate(chunk_s=1.0)
+    rate = DeliveryRate(chunk_s=1.0)
     rate.observe(0.0, {128: 1000}, backlog=True)
     assert rate.observe(1.0, {128: 3}, backlog=True) is None
     assert rate.observe(2.0, {128: 13}, backlog=True) == 10.0
 
 
 def test_old_intervals_leave_the_window_so_the_rate_follows_the_workers() -> None:
-    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
+    rate = DeliveryRate(window_s=5.0, chunk_s=1.0)
     read = 0
     for t in range(10):  # 10/s, then a second worker joins: 30/s
         read += 10 if t < 5 else 30
@@ -161,13 +161,13 @@ def test_old_intervals_leave_the_window_so_the_rate_follows_the_workers() -> Non
 
 
 def test_a_batch_longer_than_the_window_is_not_a_zero_rate() -> None:
-    rate = ServiceRate(window_s=5.0, chunk_s=1.0)
+    rate = DeliveryRate(window_s=5.0, chunk_s=1.0)
     assert [rate.observe(float(t), {128: 16}, backlog=True) for t in range(6)] == [None] * 6
 
 
 def test_a_bucket_first_counted_mid_run_adds_only_what_it_delivers_from_then_on() -> None:
     # Redis counts a bucket's deliveries only once something was read from it.
-    rate = ServiceRate(chunk_s=1.0)
+    rate = DeliveryRate(chunk_s=1.0)
     rate.observe(0.0, {128: 0}, backlog=True)
     assert rate.observe(1.0, {128: 10, 256: 500}, backlog=True) == 10.0
     rate.observe(2.0, {128: 20, 256: 505}, backlog=True)
@@ -176,7 +176,7 @@ def test_a_bucket_first_counted_mid_run_adds_only_what_it_delivers_from_then_on(
 
 def test_a_rush_of_expired_entries_being_skipped_does_not_pass_for_capacity() -> None:
     # 20/s of real work, then one chunk in which the worker skipped 600 expired entries.
-    rate = ServiceRate(window_s=10.0, chunk_s=1.0)
+    rate = DeliveryRate(window_s=10.0, chunk_s=1.0)
     read = 0
     for t in range(1, 10):
         read += 600 if t == 5 else 20

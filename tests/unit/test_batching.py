@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from common.buckets import bucket_for, parts
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
-from worker.embed.batching import Batch, Limits, Load, Wait, Waiting, in_order, next_batch
-from worker.embed.cost import Cost
+from worker.encode.batching import Batch, Limits, Load, Wait, Waiting, in_order, next_batch
+from worker.encode.cost import Cost
 
 BUCKETS = [128, 256, 512]
 LIMITS = Limits(max_batch_size=4, max_batch_tokens=1024, max_wait_s=0.010, starvation_s=10.0)

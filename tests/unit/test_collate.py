@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.embed.collate import collate, length_multiple, padded_length
+from worker.encode.collate import collate, length_multiple, padded_length
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 A module added without a word in the map is how the map drifts: this fails first. A module
 counts as named in a table row when the row's first cell names it (`worker/consumer.py`), or
-names a file beside it and the module's file name (`worker/recovery.py`, `reclaim.py`), or
+names a file beside it and the module's file name (`worker/triage.py`, `reclaim.py`), or
 names its package (`worker/generate/`) and the row names the module (`loop`).
 """
 

@@ -103,7 +103,7 @@ def test_config_decides_kind_labels_and_score_function() -> None:
 
 def test_token_types_mark_the_second_segment() -> None:
     torch = pytest.importorskip("torch")
-    from worker.embed.runners.encoder import token_types
+    from worker.encode.runners.encoder import token_types
 
     ids = torch.tensor([[101, 7, 8, 102, 9, 102, 0], [101, 7, 102, 0, 0, 0, 0]])
     assert token_types(ids, 102).tolist()[0][:6] == [0, 0, 0, 0, 1, 1]

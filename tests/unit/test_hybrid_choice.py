@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.embed.runners.base import example_rows
-from worker.embed.runners.hybrid_runner import (
+from worker.encode.runners.base import example_rows
+from worker.encode.runners.hybrid_runner import (
     Calibration,
     calibration_length,
     faster_engines,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.embed.cost import ArrivalRate, BatchCost
+from worker.encode.cost import ArrivalRate, BatchCost
 
 
 def test_cost_recovers_fixed_overhead_and_per_token_time() -> None:

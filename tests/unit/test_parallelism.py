@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from worker.compute_threads import free_stream
-from worker.embed.parallelism import Parallelism
+from worker.encode.parallelism import Parallelism
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from worker.embed.window import ServiceRate, read_window
+from worker.encode.window import ComputeRate, read_window
 
 
 def window(rate: float | None, *, sort: int = 64, batch: int = 8, streams: int = 1) -> int:
@@ -14,7 +14,7 @@ def window(rate: float | None, *, sort: int = 64, batch: int = 8, streams: int =
         sort_window=sort,
         max_batch_size=batch,
         streams=streams,
-        entries_per_s=rate,
+        rows_per_s=rate,
         horizon_s=0.1,
     )
 
@@ -56,7 +56,7 @@ def test_the_window_stays_between_one_batch_and_the_sort_window(
 
 
 def test_the_rate_is_entries_over_compute_seconds_of_recent_batches() -> None:
-    rate = ServiceRate(window=4, min_batches=2)
+    rate = ComputeRate(window=4, min_batches=2)
     rate.observe(8, 0.1)
     assert rate.per_second() is None  # one batch is not a measurement
     rate.observe(8, 0.1)
@@ -67,7 +67,7 @@ def test_the_rate_is_entries_over_compute_seconds_of_recent_batches() -> None:
 
 
 def test_a_batch_without_a_duration_is_ignored() -> None:
-    rate = ServiceRate(min_batches=1)
+    rate = ComputeRate(min_batches=1)
     rate.observe(8, 0.0)
     rate.observe(0, 0.1)
     rate.observe(8, float("nan"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from common.protocol import RequestEntry, pack_rows
-from worker.embed.assembly import Assembly
-from worker.embed.row_queues import RowQueues
+from worker.encode.assembly import Assembly
+from worker.encode.row_queues import RowQueues
 from worker.held import Held
 
 

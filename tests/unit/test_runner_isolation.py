@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from worker.embed.runners.base import isolate_failures
-from worker.embed.runners.noop import NoopRunner
+from worker.encode.runners.base import isolate_failures
+from worker.encode.runners.noop import NoopRunner
 
 
 def doubling_that_fails_on(poison: set[int]):

@@ -21,13 +21,13 @@ from dataclasses import replace
 from common import metrics
 from common.clock import wall_ms
 from common.protocol import GenerateEntry
+from common.response_format import StructureError
 from common.settings import Settings
-from common.structure import StructureError
 from worker.compute_threads import ComputeThreads
+from worker.generate.constraints import Constraint, Grammars
 from worker.generate.engine import Admission, GenerationEngine, Picked
 from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
-from worker.generate.structure import Constraint, Grammars
 from worker.held import Held
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply, error_reply

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from common.protocol import GenerateEntry
-from worker.generate.structure import Constraint
+from worker.generate.constraints import Constraint
 
 
 @dataclass(slots=True)

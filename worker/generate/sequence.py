@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.protocol import GenerateEntry, GenerationChunk, Scores, encode, pack_tokens
+from worker.generate.constraints import Constraint
 from worker.generate.detokenize import IncrementalDetokenizer, StopMatcher
 from worker.generate.engine import Picked
 from worker.generate.logprobs import concat
 from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
-from worker.generate.structure import Constraint
 from worker.held import Held
 from worker.replies import Reply
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.embed.collate import collate
-from worker.embed.runners.base import RowResult, isolate_failures
+from worker.encode.collate import collate
+from worker.encode.runners.base import RowResult, isolate_failures
 from worker.models import ModelFiles, Pooling
 
 log = logging.getLogger("microbatch.worker")

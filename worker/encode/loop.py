@@ -27,15 +27,15 @@ from common.clock import wall_ms
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads, free_stream
-from worker.embed.assembly import Assembly, BatchFacts
-from worker.embed.batch_work import Behind, Part, by_entry, profile_facts, timed
-from worker.embed.batching import Batch, Limits, Load, Wait, next_batch
-from worker.embed.cost import Observations
-from worker.embed.metrics import BatchMetrics
-from worker.embed.parallelism import Parallelism
-from worker.embed.row_queues import Row, RowQueues
-from worker.embed.runners.base import Runner
-from worker.embed.window import ServiceRate, read_window
+from worker.encode.assembly import Assembly, BatchFacts
+from worker.encode.batching import Batch, Limits, Load, Wait, next_batch
+from worker.encode.cost import Observations
+from worker.encode.handoff import Behind, Part, by_entry, profile_facts, timed
+from worker.encode.metrics import BatchMetrics
+from worker.encode.parallelism import Parallelism
+from worker.encode.row_queues import Row, RowQueues
+from worker.encode.runners.base import Runner
+from worker.encode.window import ComputeRate, read_window
 from worker.held import Held
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
@@ -93,7 +93,7 @@ class EmbedLoop:
         self._behind: dict[asyncio.Task, Behind] = {}
         self._observed = Observations(settings.buckets)
         self._metrics = BatchMetrics(self._model)
-        self._rate = ServiceRate()  # rows per compute second: bounds the read window
+        self._rate = ComputeRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
 
     # ---- what the intake and the liveness part ask ----------------------------------------
@@ -114,7 +114,7 @@ class EmbedLoop:
             sort_window=self._settings.sort_window,
             max_batch_size=self._limits.max_batch_size,
             streams=self._parallel.streams,
-            entries_per_s=self._rate.per_second(),
+            rows_per_s=self._rate.per_second(),
             horizon_s=self._limits.latency_slo_s,
         )
         rows = window - self.held

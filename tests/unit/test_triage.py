@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.protocol import ModelInfo, encode, pack_tokens
 from tests.unit.test_protocol import entry
-from worker.recovery import DeadLetter, EntryLimits, Process, Reject, decide
+from worker.triage import DeadLetter, EntryLimits, Process, Reject, decide
 
 LIMITS = EntryLimits(model="m", max_tokens=512, vocab_size=1000, max_deliveries=3)
 NOW = 1_500

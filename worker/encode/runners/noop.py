@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from worker.embed.runners.base import RowResult, isolate_failures
+from worker.encode.runners.base import RowResult, isolate_failures
 
 
 class NoopRunner:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from worker.embed.assembly import Assembly
-from worker.embed.batching import Waiting, in_order
+from worker.encode.assembly import Assembly
+from worker.encode.batching import Waiting, in_order
 
 Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from llguidance import LLMatcher, LLTokenizer
 
-from common.structure import StructureError, grammar
+from common.response_format import StructureError, grammar
 
 CACHED_GRAMMARS = 64
 # 256 bytes x 8 bits: the additive penalty (0 or -inf) of each bit of a mask byte, so a

@@ -26,7 +26,7 @@ from operator import attrgetter
 
 from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
-from worker.embed.cost import Cost
+from worker.encode.cost import Cost
 
 
 @dataclass(frozen=True, slots=True)

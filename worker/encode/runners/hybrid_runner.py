@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.buckets import bucket_for
-from worker.embed.runners.base import RowResult, Runner, example_rows
+from worker.encode.runners.base import RowResult, Runner, example_rows
 
 log = logging.getLogger("microbatch.worker")
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from worker.embed.collate import collate
-from worker.embed.runners.base import example_rows
+from worker.encode.collate import collate
+from worker.encode.runners.base import example_rows
 from worker.models import Pooling
 
 TRACE_MIN_COSINE = 0.9999  # the backends' bar against the reference

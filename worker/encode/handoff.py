@@ -11,9 +11,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from common.clock import wall_ms
-from worker.embed.assembly import Assembly
-from worker.embed.batching import Batch
-from worker.embed.row_queues import Row
+from worker.encode.assembly import Assembly
+from worker.encode.batching import Batch
+from worker.encode.row_queues import Row
 
 Part = tuple[Assembly, list[int], list[int]]  # an entry, its rows' indices, their places
 
