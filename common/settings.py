@@ -112,7 +112,10 @@ class Settings(BaseSettings):
         json_schema_extra={"default_doc": "host + pid"},
     )
     reply_maxlen: int = Field(
-        default=10_000, gt=0, description="approximate length cap of each gateway's reply stream"
+        default=10_000,
+        gt=0,
+        description="workers' safety bound on a reply stream's length (approximate); its "
+        "gateway deletes each reply once read, so a stream holds only unread replies",
     )
     processes: int = Field(
         default=1,

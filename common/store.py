@@ -50,13 +50,15 @@ def open_store(settings: Settings, *, max_connections: int = 64) -> Store:
         socket_timeout=settings.redis_socket_timeout_s,
         socket_connect_timeout=settings.redis_socket_timeout_s,
         health_check_interval=30,
+        # On the pool: redis-py gives every connection the pool's retry policy, and ignores
+        # one passed to `Redis(connection_pool=...)`. A dropped connection or a Redis still
+        # loading its data is retried; a timeout is not, since the command may have landed
+        # (an XADD twice is a request computed twice).
+        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries=3),
+        retry_on_error=[BusyLoadingError, RedisConnectionError],
     )
     pool.connection_class = _packed_by_hiredis(pool.connection_class)
-    return Redis(
-        connection_pool=pool,
-        retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries=3),
-        retry_on_error=[BusyLoadingError, RedisConnectionError, RedisTimeoutError],
-    )
+    return Redis(connection_pool=pool)
 
 
 def _pack(args: tuple) -> bytes:

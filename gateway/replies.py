@@ -26,7 +26,7 @@ from common.store import Store
 log = logging.getLogger("microbatch.gateway")
 
 Reply = EmbeddingResult | GenerationChunk | ErrorReply
-TRIM_EVERY_S = 5.0
+KEEP_ALIVE_EVERY_S = 5.0
 
 
 class Sink(Protocol):
@@ -59,13 +59,10 @@ class Choices:
 
 
 class ReplyRouter:
-    def __init__(
-        self, store: Store, stream: str, *, block_ms: int, maxlen: int, ttl_s: int
-    ) -> None:
+    def __init__(self, store: Store, stream: str, *, block_ms: int, ttl_s: int) -> None:
         self.stream = stream
         self._store = store
         self._block_ms = block_ms
-        self._maxlen = maxlen
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._streams: dict[str, Sink] = {}
@@ -73,6 +70,7 @@ class ReplyRouter:
         self._extra_rows = 0  # their sum, less one per entry
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
+        self._trimmed = "0-0"  # the last id deleted from the stream (read and handled)
 
     def expect(self, entry_id: str, rows: int = 1) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -98,18 +96,27 @@ class ReplyRouter:
         return len(self._waiting) + len(self._streams) + self._extra_rows
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Read replies and resolve their waiters; each read first deletes what the one
+        before it handed over (this reader is the stream's only one), so a reply stream
+        holds only replies not yet read, however much traffic it answered."""
         backoff = Backoff()
-        last_trim = 0.0
+        last_alive = 0.0
         while not stop.is_set():
+            consumed = self._last_id if self._last_id != self._trimmed else None
             try:
                 read = await streams.read_replies(
-                    self._store, self.stream, self._last_id, count=1000, block_ms=self._block_ms
+                    self._store,
+                    self.stream,
+                    self._last_id,
+                    count=1000,
+                    block_ms=self._block_ms,
+                    consumed=consumed,
                 )
-                if time.monotonic() - last_trim > TRIM_EVERY_S:
-                    await streams.trim_replies(
-                        self._store, self.stream, maxlen=self._maxlen, ttl_s=self._ttl_s
-                    )
-                    last_trim = time.monotonic()
+                if consumed is not None:
+                    self._trimmed = consumed
+                if time.monotonic() - last_alive > KEEP_ALIVE_EVERY_S:
+                    await streams.keep_alive(self._store, self.stream, self._ttl_s)
+                    last_alive = time.monotonic()
                     self._forget_old_answers()
                 backoff.reset()
             except RedisError as exc:

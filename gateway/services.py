@@ -38,7 +38,6 @@ class Services:
             store,
             self.keys.reply(self.id),
             block_ms=settings.read_block_ms,
-            maxlen=settings.reply_maxlen,
             ttl_s=max(60, 2 * settings.request_timeout_ms // 1000),
         )
         self.enqueuer = Enqueuer(store)

@@ -106,8 +106,10 @@ async def submit(
         replies = await await_replies(call.disconnected, futures, entries.timeout_ms)
         if choices > 1:
             replies = replies[0]
-    except ClientGone:
-        # a cancellation lasts until the deadline; past it, workers drop the entries anyway
+    except (ClientGone, ServiceUnavailable):
+        # Nobody will read these answers, and a write that failed may still have landed (a
+        # timed-out XADD): workers skip cancelled ids, so none is computed for nothing. A
+        # cancellation lasts until the deadline; past it, workers drop the entries anyway.
         services.canceller.cancel(entries.model, ids, entries.deadline_ms)
         raise
     finally:

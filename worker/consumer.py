@@ -157,9 +157,10 @@ class Consumer:
         await self._reclaimer.drain_own_pending()
         idle = self._idle if until_idle else None
         orphans_s = self.intake.settings.worker_stale_ms / 2000
+        drained = asyncio.Event()  # everything held is answered (or given up): leases may lapse
         tasks = [
             spawn_supervised("reader", self.intake.read_loop(stop, idle), ended),
-            spawn_supervised("reclaimer", self._reclaimer.run(stop), ended),
+            spawn_supervised("reclaimer", self._reclaimer.run(stop, drained), ended),
             spawn_supervised("beat", self._liveness.beat_while(stop), ended),
             spawn_supervised("cancellations", self._liveness.watch_cancellations(stop), ended),
             spawn_supervised("orphans", self._reclaimer.adopt_orphans(stop, orphans_s), ended),
@@ -170,8 +171,9 @@ class Consumer:
             self._supervisor.failed(exc)  # a crashed loop must end the process, not hang it
             raise
         finally:
-            await asyncio.gather(*tasks, return_exceptions=True)
             await self.loop.finish()
             await self._publisher.flush()
+            drained.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self._compute.shutdown()
             await self._liveness.leave()

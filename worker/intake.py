@@ -156,7 +156,7 @@ class Intake:
             else:
                 await self._dead_letter(item, count, decision, replies)
         if replies or done:
-            await self._publisher.publish(replies, done)
+            await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
 
     async def _dead_letter(
         self,

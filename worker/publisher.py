@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from common import streams
 from common.backoff import Backoff
+from common.clock import wall_ms
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
@@ -49,23 +51,32 @@ class Publisher:
         self._reply_ttl_s = max(60, 2 * settings.request_timeout_ms // 1000)
         self._expired: dict[str, float] = {}  # reply stream -> when this worker set its TTL
 
-    def post(self, replies: list[Reply], done: list[Done], ordered: bool = False) -> None:
+    def post(
+        self, replies: list[Reply], done: list[Done], *, until_ms: int = 0, ordered: bool = False
+    ) -> None:
         """Publish in the background; `ordered` ones reach Redis in the order posted."""
-        work = self._publish_ordered(replies, done) if ordered else self.publish(replies, done)
+        publish = self.publish(replies, done, until_ms)
+        work = self._in_order(publish) if ordered else publish
         task = spawn_supervised("publish", work, self._supervisor.ended)
         self._publishing.add(task)
         task.add_done_callback(self._publishing.discard)
 
-    async def _publish_ordered(self, replies: list[Reply], done: list[Done]) -> None:
+    async def _in_order(self, publish: Coroutine[Any, Any, None]) -> None:
         async with self._order:
-            await self.publish(replies, done)
+            await publish
 
-    async def publish(self, replies: list[Reply], done: list[Done]) -> None:
-        """Reply then ack; on failure leave the entries pending so they are redone, not lost."""
+    async def publish(self, replies: list[Reply], done: list[Done], until_ms: int = 0) -> None:
+        """Reply then ack, retried with capped backoff until `until_ms` (the latest deadline
+        of the entries answered: an answer computed is worth a Redis outage of seconds, and
+        worthless past it) and at least `PUBLISH_ATTEMPTS` times. On failure the entries stay
+        pending, so they are redone or, past their deadline, dropped by whoever takes them:
+        never lost, never acked unanswered."""
         backoff = Backoff()
         expire = self._due_for_ttl({stream for stream, _ in replies})
         try:
-            for _attempt in range(PUBLISH_ATTEMPTS):
+            attempt = 0
+            while attempt < PUBLISH_ATTEMPTS or wall_ms() < until_ms:
+                attempt += 1
                 try:
                     await streams.complete(
                         self._store,

@@ -63,20 +63,23 @@ class Reclaimer:
                 metrics.redeliveries_total.inc(len(read))
                 await self._intake.accept(read, counts)
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Renew leases every third of `claim_idle_ms`; reclaim from peers every half."""
+    async def run(self, stop: asyncio.Event, drained: asyncio.Event) -> None:
+        """Renew leases every third of `claim_idle_ms` until `drained`; reclaim from peers
+        every half until `stop`. A draining worker still holds and computes what it read,
+        so it renews until the drain ends, or a peer would take and run it again (Sidekiq
+        and Celery extend a job's visibility for as long as it runs, shutdown included)."""
         period_s = max(0.1, self._claim_idle_ms / 3000)
         passes = 0
-        while not stop.is_set():
+        while not drained.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), period_s)
+                await asyncio.wait_for(drained.wait(), period_s)
                 return
             passes += 1
             if self._hung():
                 continue  # neither renew nor claim: even claiming to ourselves would keep them
             try:
                 await self._renew()
-                if passes % 2 == 0:
+                if passes % 2 == 0 and not stop.is_set():
                     for stream in self._streams:
                         await self._reclaim(stream)
             except RedisError as exc:

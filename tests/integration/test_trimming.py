@@ -176,3 +176,26 @@ def test_a_successor_dead_letters_its_pending_entries_trimmed_away_and_stays_up(
     ok = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "after"}, timeout=30)
     assert ok.status_code == 200 and successor[0].popen.poll() is None
     client.close()
+
+
+def test_answered_replies_leave_the_reply_stream_and_redis_memory(
+    redis_url: str, processes: Processes
+) -> None:
+    """The gateway, a reply stream's only reader, deletes what it has read: after any amount
+    of answered traffic its stream holds nothing, and Redis is back near its idle size. (Each
+    answer here is 256 x 384 floats, 393 KB: counted by length alone, the 20 of them stayed,
+    and so would 10,000 per gateway.)"""
+    serve = processes.start(
+        "serve", redis_url=redis_url, model="noop", max_wait_ms=0, max_queue_depth=8192
+    )
+    wait_ready(serve)
+    client = redis.Redis.from_url(redis_url)
+    idle = client.info("memory")["used_memory"]
+    bodies = [{"input": [f"text {i} {j}" for j in range(256)]} for i in range(20)]
+    responses = asyncio.run(fire(serve.base_url, bodies))
+    assert [r.status_code for r in responses] == [200] * 20
+    [reply_stream] = list(client.scan_iter("mb:reply:*"))
+    wait_until(lambda: client.xlen(reply_stream), 5, "read replies deleted", until=lambda n: n == 0)
+    grown = client.info("memory")["used_memory"] - idle
+    client.close()
+    assert grown < 2_000_000, f"Redis grew {grown} bytes for 20 answered requests"

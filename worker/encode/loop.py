@@ -31,7 +31,7 @@ from worker.encode.assembly import Assembly, BatchFacts
 from worker.encode.batching import Batch, Limits, Load, Wait, next_batch
 from worker.encode.cost import Observations
 from worker.encode.handoff import Behind, Part, by_entry, profile_facts, timed
-from worker.encode.metrics import BatchMetrics
+from worker.encode.metrics import BatchMetrics, computed_tokens
 from worker.encode.parallelism import Parallelism
 from worker.encode.row_queues import Row, RowQueues
 from worker.encode.runners.base import Runner
@@ -357,7 +357,8 @@ class EmbedLoop:
             assembly.filled(indices, ours, facts)
         replies, done = self._settle([assembly for assembly, _, _ in entries], wall_ms())
         if done:
-            self._publisher.post(replies, done)
+            until_ms = max(assembly.entry.deadline_ms for assembly, _, _ in entries)
+            self._publisher.post(replies, done, until_ms=until_ms)
         self.batches_run += 1
 
     def _observe(
@@ -365,7 +366,7 @@ class EmbedLoop:
     ) -> None:
         series = self._metrics.of(batch.bucket)
         series.batch_size.observe(len(members))
-        computed = self._computed_tokens(batch, len(members))
+        computed = computed_tokens(batch.padded_tokens, len(members), self._padded_width)
         series.batch_tokens.observe(computed)
         series.padding_ratio.observe(1 - batch.real_tokens / computed)
         series.compute_seconds.observe(compute_s)
@@ -386,13 +387,6 @@ class EmbedLoop:
                     "request_ids": sorted({a.entry.request_id for a, _ in members}),
                 },
             )
-
-    def _computed_tokens(self, batch: Batch, size: int) -> int:
-        """Padded tokens as the runner computed them: the longest row rounded up to its grid
-        (bfloat16 on a CPU), which the policy, choosing among lengths, leaves out."""
-        longest = batch.padded_tokens // size
-        width = self._padded_width
-        return (width(longest) if width is not None else longest) * size
 
     async def finish(self) -> None:
         """Wait for every batch still computing."""

@@ -6,6 +6,7 @@ batches a second that was a measurable share of a worker's event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from prometheus_client import Histogram
@@ -41,3 +42,11 @@ class BatchMetrics:
             labels = (self._model, str(bucket))
             series = self._by_bucket[bucket] = Series(*(m.labels(*labels) for m in _METRICS))
         return series
+
+
+def computed_tokens(padded_tokens: int, size: int, width: Callable[[int], int] | None) -> int:
+    """Padded tokens as the runner computed them: the longest row rounded up to its grid
+    (bfloat16 on a CPU; `width`, where the runner has one), which the policy, choosing
+    among lengths, leaves out."""
+    longest = padded_tokens // size
+    return (width(longest) if width is not None else longest) * size

@@ -231,10 +231,12 @@ class GenerationLoop:
         now_s = time.monotonic()
         replies: list[Reply] = []
         done: list[Done] = []
+        until_ms = 0  # the latest deadline among them: publishing is retried until it
         for key, picked in new_tokens.items():
             seq = self._running.get(key)
             if seq is None:
                 continue
+            until_ms = max(until_ms, seq.entry.deadline_ms)
             self._observe_token(seq, now_s)
             text, finish = seq.advance(picked, self._engine.context)
             chunk = seq.chunk(text, finish, self._name)
@@ -252,7 +254,7 @@ class GenerationLoop:
         metrics.kv_cache_usage_ratio.labels(self._model).set(self._engine.usage_ratio())
         self._count_cache()
         if replies or done:
-            self._publisher.post(replies, done, ordered=True)
+            self._publisher.post(replies, done, until_ms=until_ms, ordered=True)
         if done:
             self._inbox.room_freed()
 
