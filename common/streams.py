@@ -1,14 +1,6 @@
-"""Stream key names and the only Redis command call sites; speaks `protocol` bytes.
+"""The only Redis command call sites; speaks `protocol` bytes.
 
-Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
-    mb:{model}:req:<bucket>    request entries, consumer group `workers`
-    mb:{model}:dead            dead letters
-    mb:{model}:workers         sorted set: consumer name -> last consume-loop beat (ms)
-    mb:{model}:batching        hash: live batching overrides workers apply within a beat
-    mb:{model}:cancel          sorted set: entry id -> until (ms) for requests nobody awaits
-    mb:reply:<gateway id>      replies for one gateway process
-    mb:models                  hash: model name -> ModelInfo
-    mb:tokenizer:<sha256>      a registered tokenizer's JSON
+Key names are `keys.Keys` (re-exported here: the call sites and the names go together).
 
 Request streams are never trimmed by count: an entry is deleted right after it is acked.
 
@@ -23,51 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import ResponseError
 
+from common.keys import Keys as Keys
 from common.store import Store, pipeline
 
 GROUP = "workers"
 FIELD = "m"
 DEAD_MAXLEN = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class Keys:
-    prefix: str
-
-    def request(self, model: str, bucket: int) -> str:
-        return f"{self.prefix}:{{{model}}}:req:{bucket}"
-
-    def affinity(self, model: str, worker: str) -> str:
-        """A generation worker's own stream: prompts whose prefix it caches."""
-        return f"{self.prefix}:{{{model}}}:aff:{worker}"
-
-    def load(self, model: str) -> str:
-        return f"{self.prefix}:{{{model}}}:load"
-
-    def dead(self, model: str) -> str:
-        return f"{self.prefix}:{{{model}}}:dead"
-
-    def workers(self, model: str) -> str:
-        return f"{self.prefix}:{{{model}}}:workers"
-
-    def reply(self, gateway_id: str) -> str:
-        return f"{self.prefix}:reply:{gateway_id}"
-
-    @property
-    def models(self) -> str:
-        return f"{self.prefix}:models"
-
-    def batching(self, model: str) -> str:
-        return f"{self.prefix}:{{{model}}}:batching"
-
-    def cancel(self, model: str) -> str:
-        return f"{self.prefix}:{{{model}}}:cancel"
-
-    def tokenizer(self, sha256: str) -> str:
-        return f"{self.prefix}:tokenizer:{sha256}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,3 +341,43 @@ async def cancelled(store: Store, keys: Keys, model: str, now_ms: int) -> set[st
     pipe.zrangebyscore(keys.cancel(model), now_ms, "+inf")
     _, ids = await pipe.execute()
     return {_text(i) for i in ids or []}
+
+
+async def consumers(store: Store, stream: str) -> list[ConsumerInfo]:
+    """The group's consumers on `stream` (XINFO CONSUMERS): pending count and idle time."""
+    try:
+        rows = await store.xinfo_consumers(stream, GROUP)
+    except ResponseError as exc:
+        if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
+            return []
+        raise
+    return [
+        ConsumerInfo(_text(_field(r, "name")), int(_field(r, "pending")), int(_field(r, "idle")))
+        for r in rows
+    ]
+
+
+def _field(row: dict, name: str) -> Any:
+    """A field of a parsed XINFO/XPENDING row, keyed by text or by bytes."""
+    return row[name] if name in row else row[name.encode()]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    name: str
+    pending: int
+    idle_ms: int  # since it last read or claimed
+
+
+async def claim_pending_of(
+    store: Store, stream: str, owner: str, consumer: str, count: int
+) -> tuple[list[StreamEntry], dict[str, int]]:
+    """Up to `count` of `owner`'s pending entries, claimed for `consumer` now (XCLAIM, idle
+    0): the entries, and each one's delivery count with this claim."""
+    rows = await store.xpending_range(stream, GROUP, "-", "+", count, consumername=owner)
+    # the claim below is one more delivery
+    counts = {_text(_field(r, "message_id")): int(_field(r, "times_delivered")) + 1 for r in rows}
+    if not counts:
+        return [], {}
+    items = await store.xclaim(stream, GROUP, consumer, 0, list(counts))
+    return _entries(stream, items), counts

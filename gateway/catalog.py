@@ -24,6 +24,7 @@ from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
 from common.store import Store
+from common.tasks import spawn_supervised
 from gateway.tokenize import ModelTokenizer
 
 log = logging.getLogger("microbatch.gateway")
@@ -123,23 +124,31 @@ class Catalog:
         self.redis_ok = False
         self._tokenizers: dict[tuple[str, int, int], ModelTokenizer] = {}
         self._last_refresh = 0.0
-        self._lock = asyncio.Lock()
+        self._inflight: asyncio.Task | None = None  # the refresh every caller now awaits
         self._rates: dict[str, DeliveryRate] = {}
         # given each generation model's live workers and their loads, every refresh
         self.on_loads: Callable[[str, dict[str, int]], None] | None = None
 
     async def refresh(self) -> None:
-        async with self._lock:
-            try:
-                await self._refresh()
-                self.redis_ok = True
-            except RedisError as exc:
-                self.redis_ok = False
-                log.warning("catalog refresh failed: %s", exc)
-            self._last_refresh = time.monotonic()
+        """Read the registry again; single flight: a caller that comes while a refresh runs
+        waits for that one instead of queueing its own (a burst of probes or of requests for
+        an unknown model is one refresh, not one each)."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = spawn_supervised("catalog refresh", self._refresh_once(), _logged)
+        await asyncio.shield(self._inflight)
+
+    async def _refresh_once(self) -> None:
+        try:
+            await self._refresh()
+            self.redis_ok = True
+        except RedisError as exc:
+            self.redis_ok = False
+            log.warning("catalog refresh failed: %s", exc)
+        self._last_refresh = time.monotonic()
 
     async def refresh_soon(self, min_interval_s: float = 0.25) -> None:
-        """Refresh now unless one just ran: an unknown model may have just registered."""
+        """Refresh now unless one ran within `min_interval_s`: an unknown model may have
+        just registered, and a probe wants news no older than that."""
         if time.monotonic() - self._last_refresh >= min_interval_s:
             await self.refresh()
 
@@ -204,3 +213,7 @@ class Catalog:
             await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
+
+
+def _logged(exc: BaseException | None) -> None:
+    """A refresh that failed of a bug has been logged; its awaiters get the exception."""

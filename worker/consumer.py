@@ -107,8 +107,10 @@ def compose(
         intake,
         leases,
         claim_idle_ms=settings.claim_idle_ms,
+        stale_ms=settings.worker_stale_ms,
         hung=loop.hung,
         orphans=liveness.orphaned_streams,
+        live_peers=liveness.live_peers,
     )
     return Consumer(intake, loop, liveness, reclaimer, publisher, supervisor, compute)
 
@@ -156,14 +158,16 @@ class Consumer:
         await self._liveness.poll_cancellations()  # know who left before reading their entries
         await self._reclaimer.drain_own_pending()
         idle = self._idle if until_idle else None
-        orphans_s = self.intake.settings.worker_stale_ms / 2000
+        dead_peers_s = self.intake.settings.worker_stale_ms / 2000
         drained = asyncio.Event()  # everything held is answered (or given up): leases may lapse
         tasks = [
             spawn_supervised("reader", self.intake.read_loop(stop, idle), ended),
             spawn_supervised("reclaimer", self._reclaimer.run(stop, drained), ended),
             spawn_supervised("beat", self._liveness.beat_while(stop), ended),
             spawn_supervised("cancellations", self._liveness.watch_cancellations(stop), ended),
-            spawn_supervised("orphans", self._reclaimer.adopt_orphans(stop, orphans_s), ended),
+            spawn_supervised(
+                "dead peers", self._reclaimer.take_from_dead_peers(stop, dead_peers_s), ended
+            ),
         ]
         try:
             await self.loop.run(stop)

@@ -126,6 +126,12 @@ class Liveness:
 
     # ---- dead peers ------------------------------------------------------------------------
 
+    async def live_peers(self) -> set[str]:
+        """Consumers of this model whose last beat is within `worker_stale_ms`."""
+        since = wall_ms() - self._settings.worker_stale_ms
+        beats = await streams.worker_beats(self._store, self._keys, self._model)
+        return {peer for peer, beat in beats if beat >= since}
+
     async def orphaned_streams(self) -> list[str]:
         """Affinity streams of peers that left or stopped beating: theirs to drain, ours
         now. Once no gateway can route to one (silent for 60 x `worker_stale_ms`, as the

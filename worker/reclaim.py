@@ -35,8 +35,10 @@ class Reclaimer:
         leases: Leases,
         *,
         claim_idle_ms: int,
+        stale_ms: int,
         hung: Callable[[], bool],
         orphans: Callable[[], Awaitable[list[str]]],
+        live_peers: Callable[[], Awaitable[set[str]]],
     ) -> None:
         self._store = store
         self._intake = intake
@@ -44,8 +46,10 @@ class Reclaimer:
         self._streams = intake.streams
         self._leases = leases
         self._claim_idle_ms = claim_idle_ms
+        self._stale_ms = stale_ms
         self._hung = hung
         self._orphans = orphans
+        self._live_peers = live_peers
 
     async def drain_own_pending(self) -> None:
         """After a restart under the same name, our own pending entries come first."""
@@ -85,9 +89,10 @@ class Reclaimer:
             except RedisError as exc:
                 log.warning("reclaim or lease renewal failed: %s", exc)
 
-    async def adopt_orphans(self, stop: asyncio.Event, period_s: float) -> None:
-        """Every `period_s`, take what a dead peer's own (affinity) stream holds: entries
-        it never read at once, those it was computing once idle for `claim_idle_ms`."""
+    async def take_from_dead_peers(self, stop: asyncio.Event, period_s: float) -> None:
+        """Every `period_s`: take at once what peers whose heartbeat went stale were holding
+        (waiting `claim_idle_ms` would cost their clients up to the whole deadline), and
+        what a dead peer's own (affinity) stream holds."""
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
@@ -95,10 +100,30 @@ class Reclaimer:
             if self._hung():
                 continue
             try:
+                await self._take_from_stale()
                 for stream in await self._orphans():
                     await self._adopt(stream)
             except RedisError as exc:
-                log.warning("adopting a dead peer's entries failed: %s", exc)
+                log.warning("taking a dead peer's entries failed: %s", exc)
+
+    async def _take_from_stale(self) -> None:
+        """Pending entries of consumers that neither beat nor touched the stream for
+        `worker_stale_ms` (Sidekiq's and Celery's way: a dead worker's jobs go back as soon
+        as its heartbeat lapses). A consumer that read just now but has not beaten yet (a
+        worker starting) is not stale: both its beat and its idle time must have lapsed."""
+        live = await self._live_peers()
+        for stream in self._streams:
+            for peer in await streams.consumers(self._store, stream):
+                if peer.name == self._consumer or peer.name in live or not peer.pending:
+                    continue
+                if peer.idle_ms < self._stale_ms or (room := self._intake.room()) <= 0:
+                    continue
+                claimed, counts = await streams.claim_pending_of(
+                    self._store, stream, peer.name, self._consumer, room
+                )
+                log.warning("took %d entries from stale peer %s", len(claimed), peer.name)
+                metrics.redeliveries_total.inc(len(claimed))
+                await self._intake.accept(claimed, counts)
 
     async def _adopt(self, stream: str) -> None:
         while (room := self._intake.room()) > 0:

@@ -14,6 +14,8 @@ from gateway.catalog import ModelEntry
 from gateway.request import error_response
 from gateway.services import Services
 
+READY_FRESH_S = 1.0  # a probe's news is at most this old (the kubelet's period is 10 s)
+
 
 def _model_object(name: str, entry: ModelEntry) -> dict:
     info = entry.info
@@ -74,10 +76,12 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when Redis answers and every model has a live worker."""
+    """Ready when Redis answers and every model has a live worker: from the catalog as it
+    stands, refreshed (single flight) only when older than `READY_FRESH_S`, so a burst of
+    probes costs Redis one read and a probe never waits behind a queue of refreshes."""
     services: Services = request.app.state.services
     catalog = services.catalog
-    await catalog.refresh()
+    await catalog.refresh_soon(READY_FRESH_S)
     workers = {name: e.live_workers for name, e in catalog.models.items()}
     ready = services.alive and catalog.redis_ok and bool(workers) and all(workers.values())
     body = {

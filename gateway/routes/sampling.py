@@ -81,7 +81,7 @@ def _logit_bias(bias: dict[str, float], vocab_size: int) -> tuple[list[int], lis
         )
     ids, values = [], []
     for key, value in bias.items():
-        if not key.isdigit():
+        if not (key.isascii() and key.isdigit()):  # "²".isdigit() holds; int() raises
             raise InvalidRequest(f"logit_bias key {key!r} is not a token id", param="logit_bias")
         ids.append(_in_vocab(int(key), vocab_size, "logit_bias"))
         if not -BIAS_LIMIT <= value <= BIAS_LIMIT:

@@ -148,6 +148,7 @@ def test_top_k_and_min_p_keep_only_the_likeliest_token_when_asked(base: str) -> 
     ("options", "status", "param"),
     [
         ({"logit_bias": {"seven": 1}}, 400, "logit_bias"),
+        ({"logit_bias": {"²": 1}}, 400, "logit_bias"),  # a Unicode digit: int() raises on it
         ({"logit_bias": {"100000": 1}}, 400, "logit_bias"),
         ({"logit_bias": {"7": 101}}, 400, "logit_bias"),
         ({"stop_token_ids": [100000]}, 400, "stop_token_ids"),
