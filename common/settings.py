@@ -180,6 +180,12 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(
         default=3, gt=0, description="deliveries before an entry is dead-lettered"
     )
+    dead_letter_max_age_s: int = Field(
+        default=7 * 24 * 3600,
+        gt=0,
+        description="dead letters older than this are deleted as new ones come (they hold "
+        "raw prompts); the dead-letter stream also keeps at most 10,000",
+    )
     read_block_ms: int = Field(
         default=1000,
         gt=0,

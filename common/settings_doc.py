@@ -78,6 +78,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Worker: recovery and liveness": (
         "claim_idle_ms",
         "max_deliveries",
+        "dead_letter_max_age_s",
         "max_batch_ms",
         "heartbeat_interval_ms",
         "worker_stale_ms",

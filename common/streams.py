@@ -179,8 +179,15 @@ async def keep_alive(store: Store, stream: str, ttl_s: int) -> None:
     await store.expire(stream, ttl_s)
 
 
-async def dead_letter(store: Store, stream: str, payload: bytes) -> None:
-    await store.xadd(stream, {FIELD: payload}, maxlen=DEAD_MAXLEN)
+async def dead_letter(
+    store: Store, stream: str, payload: bytes, *, now_ms: int, max_age_ms: int
+) -> None:
+    """Keep a dead letter; drop those older than `max_age_ms` (stream ids are their time)
+    and any past the newest `DEAD_MAXLEN`: a dead letter holds a raw prompt."""
+    pipe = pipeline(store)
+    pipe.xadd(stream, {FIELD: payload}, maxlen=DEAD_MAXLEN)
+    pipe.xtrim(stream, minid=f"{max(0, now_ms - max_age_ms)}-0", approximate=False)
+    await pipe.execute()
 
 
 async def register_model(

@@ -183,7 +183,13 @@ class Intake:
             worker=self.name,
         )
         dead = streams.Keys(self.settings.prefix).dead(self.model)
-        await streams.dead_letter(self.store, dead, encode(letter))
+        await streams.dead_letter(
+            self.store,
+            dead,
+            encode(letter),
+            now_ms=wall_ms(),
+            max_age_ms=self.settings.dead_letter_max_age_s * 1000,
+        )
         if decision.entry is not None:
             replies.append(
                 error_reply(decision.entry, 500, "dead_lettered", decision.reason, self.name)
