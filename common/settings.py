@@ -65,6 +65,11 @@ class Settings(BaseSettings):
         description="gateway bind address (a worker's `metrics_port` listens on it too)",
     )
     port: int = Field(default=8000, ge=0, le=65535, description="gateway port")
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="let a gateway listen beyond loopback with no `api_keys` (logged at every "
+        "start); without it such a start is refused",
+    )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="accepted `Authorization: Bearer` keys; empty = no auth"
     )

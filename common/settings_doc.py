@@ -27,6 +27,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "host",
         "port",
         "api_keys",
+        "allow_unauthenticated",
         "rate_limit_per_key",
         "rate_limit_burst",
         "request_timeout_ms",

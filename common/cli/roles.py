@@ -16,6 +16,7 @@ from typing import Any
 
 import typer
 
+from common.cli.exposure import open_bind_refusal
 from common.cli.options import (
     EXTRA,
     Host,
@@ -61,6 +62,12 @@ def _exit_code(main: Coroutine[Any, Any, int | None]) -> int:
     except StoreRefused as exc:
         typer.echo(f"microbatch: {exc}", err=True)
         return REFUSED
+
+
+def _refuse_an_open_bind(settings: Settings) -> None:
+    refusal = open_bind_refusal(settings)
+    if refusal is not None:
+        raise typer.BadParameter(refusal)
 
 
 def _stop_on_signals(on_stop: Any) -> None:
@@ -111,6 +118,7 @@ def serve(
             "store lives in one process, and gateway processes must share it"
         )
     setup_logging(settings.log_level, settings.log_format)
+    _refuse_an_open_bind(settings)
     if settings.processes > 1:
         _worker_health(settings)  # the worker's metrics: no gateway runs in this process
         _run(_serve_processes(settings))
@@ -178,6 +186,7 @@ def gateway(
     if settings.embedded:
         raise typer.BadParameter("gateway needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level, settings.log_format)
+    _refuse_an_open_bind(settings)
     if settings.processes > 1:
         _run(_supervise_gateways(settings))
     else:

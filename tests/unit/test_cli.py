@@ -56,3 +56,21 @@ def test_serve_refuses_several_gateway_processes_over_the_embedded_store() -> No
     result = CliRunner().invoke(app, ["serve", "--processes", "2"])
     assert result.exit_code != 0
     assert "needs --redis-url" in result.output
+
+
+def test_a_gateway_open_to_the_network_without_api_keys_is_refused_naming_the_fix() -> None:
+    refused = CliRunner().invoke(app, ["gateway", "--redis-url", "redis://x", "--host", "0.0.0.0"])
+    assert refused.exit_code != 0
+    assert "no api_keys" in refused.output and "allow_unauthenticated" in refused.output
+
+
+def test_loopback_and_keys_and_an_explicit_allowance_each_pass_the_bind_check() -> None:
+    from common.cli.exposure import open_bind_refusal
+    from common.settings import Settings
+
+    assert open_bind_refusal(Settings(host="127.0.0.1")) is None
+    assert open_bind_refusal(Settings(host="::1")) is None
+    assert open_bind_refusal(Settings(host="0.0.0.0", api_keys=["k"])) is None
+    assert open_bind_refusal(Settings(host="0.0.0.0", allow_unauthenticated=True)) is None
+    assert open_bind_refusal(Settings(host="0.0.0.0")) is not None
+    assert open_bind_refusal(Settings(host="gateway.internal")) is not None

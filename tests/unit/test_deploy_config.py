@@ -30,7 +30,7 @@ def test_compose_runs_redis_with_an_append_only_file() -> None:
 
 def test_compose_gateway_listens_on_8000_and_points_at_redis() -> None:
     gateway = compose()["services"]["gateway"]
-    assert "8000:8000" in gateway["ports"]
+    assert gateway["ports"] == ["${MICROBATCH_PUBLISH:-127.0.0.1}:8000:8000"]  # loopback
     assert gateway["command"][0] == "gateway" and "0.0.0.0" in gateway["command"]
     assert gateway["environment"]["MICROBATCH_REDIS_URL"].startswith("redis://redis:")
 
@@ -167,3 +167,14 @@ def test_compose_leaves_the_adaptive_wait_to_the_code() -> None:
     """Pinning MICROBATCH_MAX_WAIT_MS overrode the `auto` wait the benchmarks measured."""
     for service in compose()["services"].values():
         assert "MICROBATCH_MAX_WAIT_MS" not in service.get("environment", {})
+
+
+def test_compose_publishes_nothing_unauthenticated_beyond_this_host() -> None:
+    """The API (no keys by default), Prometheus and anonymous Grafana are published on the
+    host's loopback only; the API goes wider only when asked (MICROBATCH_PUBLISH)."""
+    for name, service in compose()["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith(("127.0.0.1:", "${MICROBATCH_PUBLISH:-127.0.0.1}:")), (
+                name,
+                port,
+            )
