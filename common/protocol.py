@@ -25,6 +25,15 @@ from common.message_checks import check_consistent, check_field, field_types
 VERSION = 5  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
 # 4: prompt tokens served from the prefix cache; 5: one encoder entry and reply per request part
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
+REPLY_HEADROOM_BYTES = 1 << 16  # a reply's fields besides its vectors (batch ids, names)
+
+
+def rows_that_fit(dim: int) -> int:
+    """Most rows of `dim` float32s whose vectors one reply can carry under the message
+    limit: what a gateway sizes an entry by, so its answer is never too big to read."""
+    return max(1, (MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES) // (4 * max(1, dim)))
+
+
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
 

@@ -7,7 +7,7 @@ acks of the entries they answer, so building them needs no I/O and is tested on 
 from __future__ import annotations
 
 from common.errors import openai_type
-from common.protocol import ErrorReply, GenerateEntry, RequestEntry, encode
+from common.protocol import MAX_MESSAGE_BYTES, ErrorReply, GenerateEntry, RequestEntry, encode
 
 Reply = tuple[str, bytes]  # (reply stream, encoded message)
 Done = tuple[str, str]  # (request stream, entry id) to ack
@@ -21,3 +21,16 @@ def error_reply(entry: Entry, status: int, code: str, message: str, worker: str)
         worker=worker,
     )  # fmt: skip
     return entry.reply_to, encode(reply)
+
+
+def within_limit(reply: Reply, entry: Entry, worker: str) -> Reply:
+    """`reply`, or, when it is over the message limit every reader enforces (it would be
+    dropped unread and its client left to its deadline), an error saying so at once."""
+    size = len(reply[1])
+    if size <= MAX_MESSAGE_BYTES:
+        return reply
+    message = (
+        f"the answer is {size} bytes, over the {MAX_MESSAGE_BYTES} a reply may carry: ask for "
+        "fewer inputs, fewer dimensions or fewer log probabilities per request"
+    )
+    return error_reply(entry, 413, "reply_too_large", message, worker)

@@ -16,7 +16,7 @@ import orjson
 from fastapi.responses import Response
 
 from common.buckets import parts
-from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows
+from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
 from gateway.submit import Entries, admit_or_refuse, now_ms, submit
@@ -55,6 +55,10 @@ class _Parts:
     def __init__(self, parsed: Parsed) -> None:
         call = parsed.call
         self._services, self._name = parsed.services, parsed.model.info.name
+        # an entry's answer must fit one reply: a wide model's entries carry fewer rows
+        self._max_rows = min(
+            self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
+        )
         self._request_id = call.request_id
         start_ms = now_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
@@ -66,7 +70,7 @@ class _Parts:
     def of(self, block: list[np.ndarray]) -> Entries:
         services, name, settings = self._services, self._name, self._services.settings
         items, ids, sizes = [], [], []
-        for indices in parts([len(r) for r in block], settings.buckets, settings.max_entry_rows):
+        for indices in parts([len(r) for r in block], settings.buckets, self._max_rows):
             members = [block[i] for i in indices]
             tokens, lengths = pack_rows(members)
             entry = RequestEntry(

@@ -136,3 +136,22 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
     assert not response.headers["x-microbatch-worker"].endswith(str(doomed.popen.pid))
     assert sample(worker_metrics(port), "microbatch_redeliveries_total") == 2
     assert queue_counts(redis_url) == (0, 0)
+
+
+def test_a_wide_model_s_bulk_answer_is_split_to_fit_replies_not_dropped_unread(
+    redis_url: str, processes: Processes
+) -> None:
+    """256 inputs of a 4,096-d model are 4 MiB of vectors, past what one reply may carry:
+    the gateway sizes entries by the model's width, so the request is answered, not left
+    to its deadline because its one reply was too big to read."""
+    serve = processes.start(
+        "serve", redis_url=redis_url, model="noop", noop_dim=4096, max_wait_ms=0
+    )
+    wait_ready(serve)
+    body = {"model": "noop", "input": [f"text {i}" for i in range(256)]}
+    headers = {"X-Microbatch-Timeout-Ms": "20000"}
+    response = httpx.post(f"{serve.base_url}/v1/embeddings", json=body, headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [d["index"] for d in data] == list(range(256))
+    assert all(len(d["embedding"]) == 4096 for d in data)

@@ -315,3 +315,28 @@ def test_a_chunk_carries_its_tokens_scores_and_its_prompts() -> None:
 def test_scores_that_do_not_fit_their_tokens_are_refused(fields: dict, why: str) -> None:
     with pytest.raises(ProtocolError, match=why):
         decode(encode(_chunk(**fields)))
+
+
+@pytest.mark.parametrize("dim", [1, 384, 1024, 4096, 8192])
+def test_the_rows_an_entry_carries_fit_their_answer_in_one_reply(dim: int) -> None:
+    from common.protocol import MAX_MESSAGE_BYTES, REPLY_HEADROOM_BYTES, rows_that_fit
+
+    rows = rows_that_fit(dim)
+    assert rows * dim * 4 + REPLY_HEADROOM_BYTES <= MAX_MESSAGE_BYTES
+    assert (rows + 1) * dim * 4 + REPLY_HEADROOM_BYTES > MAX_MESSAGE_BYTES  # no tighter
+
+
+def test_a_reply_over_the_message_limit_becomes_an_error_saying_so() -> None:
+    from common.protocol import MAX_MESSAGE_BYTES, ErrorReply
+    from worker.replies import within_limit
+
+    entry = RequestEntry(
+        id="e.1", request_id="r", model="m", kind="embed", tokens=b"", lengths=b"",
+        deadline_ms=1, priority=1, reply_to="mb:reply:g", enqueued_ms=0,
+    )  # fmt: skip
+    small = ("mb:reply:g", b"x" * 10)
+    assert within_limit(small, entry, "w") is small
+    stream, payload = within_limit(("mb:reply:g", b"x" * (MAX_MESSAGE_BYTES + 1)), entry, "w")
+    error = decode(payload)
+    assert stream == "mb:reply:g" and isinstance(error, ErrorReply)
+    assert (error.status, error.code) == (413, "reply_too_large")

@@ -16,7 +16,7 @@ import numpy as np
 
 from common.protocol import EmbeddingResult, RequestEntry, encode
 from worker.held import Held
-from worker.replies import Reply, error_reply
+from worker.replies import Reply, error_reply, within_limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,4 +112,4 @@ class Assembly:
             compute_ms=self.compute_s * 1000,
             worker=worker,
         )
-        return entry.reply_to, encode(result)
+        return within_limit((entry.reply_to, encode(result)), entry, worker)

@@ -21,7 +21,7 @@ from worker.generate.logprobs import concat
 from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
 from worker.held import Held
-from worker.replies import Reply
+from worker.replies import Reply, within_limit
 
 log = logging.getLogger("microbatch.worker")
 
@@ -171,4 +171,4 @@ class Sequence:
         )
         self.chunks += 1
         self.sent = len(self.generated)
-        return entry.reply_to, encode(chunk)
+        return within_limit((entry.reply_to, encode(chunk)), entry, worker)
