@@ -136,3 +136,8 @@ kv_cache_evictions_total = Counter(
 preemptions_total = Counter(
     "microbatch_preemptions_total", "Sequences paused to stay within the KV budget", ["model"]
 )
+registry_entries_skipped_total = Counter(
+    "microbatch_registry_entries_skipped_total",
+    "Refreshes that skipped a model's registry entry this gateway cannot use",
+    ["model"],
+)

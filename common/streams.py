@@ -239,8 +239,11 @@ async def worker_loads(store: Store, keys: Keys, model: str) -> dict[str, Worker
     rows = await store.hgetall(keys.load(model))
     out = {}
     for name, value in (rows or {}).items():
-        load, beat = _text(value).split()
-        out[_text(name)] = WorkerLoad(int(load), int(beat))
+        try:
+            load, beat = _text(value).split()
+            out[_text(name)] = WorkerLoad(int(load), int(beat))
+        except (ValueError, UnicodeDecodeError):  # not ours to fail on: skipped, not a crash
+            continue
     return out
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from common import streams
+from common import metrics, streams
 from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
@@ -125,6 +125,7 @@ class Catalog:
         self._tokenizers: dict[tuple[str, int, int], ModelTokenizer] = {}
         self._last_refresh = 0.0
         self._inflight: asyncio.Task | None = None  # the refresh every caller now awaits
+        self._skipped: dict[str, str] = {}  # model -> why its registry entry is unusable
         self._rates: dict[str, DeliveryRate] = {}
         # given each generation model's live workers and their loads, every refresh
         self.on_loads: Callable[[str, dict[str, int]], None] | None = None
@@ -160,11 +161,17 @@ class Catalog:
             try:
                 info = decode(raw)
             except ProtocolError as exc:
-                log.error("skipping malformed registry entry %r: %s", name, exc)
+                self._skip(name, f"malformed registry entry: {exc}")
                 continue
             if not isinstance(info, ModelInfo):
                 continue
-            tokenizer = await self._tokenizer(info)
+            try:
+                tokenizer = await self._tokenizer(info)
+            except RedisError:
+                raise  # Redis, not the entry: the whole refresh failed
+            except Exception as exc:  # a tokenizer this `tokenizers` cannot parse: that entry's
+                self._skip(name, f"its tokenizer cannot be loaded here: {exc}")
+                continue
             if tokenizer is None:
                 continue
             state = await model_status(
@@ -189,6 +196,13 @@ class Catalog:
                 models.setdefault(alias, entry)
         self.models = models
         export_gauges(statuses)
+
+    def _skip(self, name: str, why: str) -> None:
+        """One model's bad entry costs that model only: skipped, logged once, counted."""
+        metrics.registry_entries_skipped_total.labels(name).inc()
+        if self._skipped.get(name) != why:
+            log.error("model %r is not served by this gateway: %s", name, why)
+            self._skipped[name] = why
 
     async def _tokenizer(self, info: ModelInfo) -> ModelTokenizer | None:
         key = (info.tokenizer_sha256, info.max_tokens, info.vocab_size)
