@@ -38,7 +38,7 @@ class Constraint:
         """Set every token the grammar forbids next to -inf in `row` (float32, in place)."""
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         penalty = _PENALTY[self._mask.view(np.uint8)].reshape(-1)[: row.numel()]
-        row.add_(torch.from_numpy(penalty))
+        row.add_(torch.from_numpy(penalty).to(row.device))
 
     def accept(self, token: int) -> None:
         self._matcher.consume_token(token)

@@ -14,6 +14,8 @@ import torch
 
 from common.protocol import Scores
 
+CPU = "cpu"  # where scores are gathered for numpy
+
 
 def token_scores(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[Scores | None]:
     """Per row of `logits` (R, V): the chosen token's scores with `ks[r]` alternatives, or
@@ -23,13 +25,14 @@ def token_scores(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list
     if not wanted:
         return out
     logprobs = torch.log_softmax(logits[wanted].float(), -1)
-    chosen = logprobs.gather(1, torch.tensor([tokens[r] for r in wanted])[:, None])[:, 0]
+    picked = torch.tensor([tokens[r] for r in wanted], device=logprobs.device)
+    chosen = logprobs.gather(1, picked[:, None])[:, 0].cpu()
     k_max = max(ks[r] for r in wanted)
-    top = logprobs.topk(k_max, -1) if k_max else None
+    top = _on_cpu(logprobs.topk(k_max, -1)) if k_max else None
     for j, r in enumerate(wanted):
         k = ks[r]
         out[r] = Scores(
-            chosen[j : j + 1].numpy().astype("<f4"),
+            chosen[j : j + 1].cpu().numpy().astype("<f4"),
             _top(top.indices[j : j + 1, :k] if top is not None else None, 1, "<u4"),
             _top(top.values[j : j + 1, :k] if top is not None else None, 1, "<f4"),
         )
@@ -40,24 +43,33 @@ def prompt_scores(logits: torch.Tensor, prompt: np.ndarray, k: int) -> Scores:
     """Scores of a prompt's tokens from its prefill's logits (T, V): token i is scored by
     position i-1's distribution; the first has none (NaN, shown as null)."""
     logprobs = torch.log_softmax(logits[:-1].float(), -1)
-    following = torch.from_numpy(prompt[1:].astype(np.int64))
-    chosen = torch.cat([torch.tensor([float("nan")]), logprobs.gather(1, following[:, None])[:, 0]])
+    device = logprobs.device
+    following = torch.from_numpy(prompt[1:].astype(np.int64)).to(device)
+    first = torch.tensor([float("nan")], device=device)
+    chosen = torch.cat([first, logprobs.gather(1, following[:, None])[:, 0]]).cpu()
     if not k:
         return Scores(
-            chosen.numpy().astype("<f4"),
+            chosen.cpu().numpy().astype("<f4"),
             _top(None, len(prompt), "<u4"),
             _top(None, len(prompt), "<f4"),
         )
-    top = logprobs.topk(k, -1)
-    values = torch.cat([torch.full((1, k), float("nan")), top.values])  # the first: none
-    indices = torch.cat([torch.zeros((1, k), dtype=torch.long), top.indices])
-    return Scores(chosen.numpy().astype("<f4"), _top(indices, 0, "<u4"), _top(values, 0, "<f4"))
+    top = _on_cpu(logprobs.topk(k, -1))
+    values = torch.cat([torch.full((1, k), float("nan"), device=CPU), top.values])  # none first
+    indices = torch.cat([torch.zeros((1, k), dtype=torch.long, device=CPU), top.indices])
+    return Scores(
+        chosen.cpu().numpy().astype("<f4"), _top(indices, 0, "<u4"), _top(values, 0, "<f4")
+    )
 
 
 def _top(values: torch.Tensor | None, rows: int, dtype: str) -> np.ndarray:
     if values is None:
         return np.zeros((rows, 0), dtype)
-    return values.numpy().astype(dtype)
+    return values.cpu().numpy().astype(dtype)
+
+
+def _on_cpu(top: torch.return_types.topk) -> torch.return_types.topk:
+    """A topk's values and indices on the CPU (one copy each), where numpy reads them."""
+    return torch.return_types.topk((top.values.cpu(), top.indices.cpu()))
 
 
 def concat(parts: list[Scores]) -> Scores:

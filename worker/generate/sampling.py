@@ -19,6 +19,8 @@ import torch
 from common.protocol import GenerateEntry
 from worker.generate.constraints import Constraint
 
+CPU = "cpu"  # where a sequence's option tensors are kept; each use moves them to the row's
+
 
 @dataclass(slots=True)
 class Sampling:
@@ -37,14 +39,18 @@ class Sampling:
     constraint: Constraint | None = None  # response_format's grammar, masked in first
     counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
     generated: int = 0
-    generator: torch.Generator = field(init=False)
+    generator: torch.Generator | None = field(init=False, default=None)
 
-    def __post_init__(self) -> None:
-        self.generator = torch.Generator()
-        if self.seed >= 0:
-            self.generator.manual_seed(self.seed)
-        else:
-            self.generator.seed()
+    def _generator(self, device: torch.device) -> torch.Generator:
+        """This sequence's random stream, on the device its logits live on (a CPU generator
+        cannot draw from a CUDA tensor); seeded once, so a seeded draw is reproducible."""
+        if self.generator is None or self.generator.device != device:
+            self.generator = torch.Generator(device=device)
+            if self.seed >= 0:
+                self.generator.manual_seed(self.seed)
+            else:
+                self.generator.seed()
+        return self.generator
 
     @classmethod
     def of(
@@ -67,7 +73,9 @@ class Sampling:
             presence_penalty=entry.presence_penalty,
             frequency_penalty=entry.frequency_penalty,
             repetition_penalty=entry.repetition_penalty,
-            bias=(_ids(bias_ids), torch.from_numpy(biases.copy())) if len(bias_ids) else None,
+            bias=(_ids(bias_ids), torch.from_numpy(biases.copy()).to(CPU))
+            if len(bias_ids)
+            else None,
             min_tokens=entry.min_tokens,
             banned_early=_ids(sorted(early)) if entry.min_tokens and early else None,
             prompt_ids=_ids(np.unique(entry.token_ids()))
@@ -88,21 +96,23 @@ class Sampling:
         )
 
     def adjust(self, row: torch.Tensor) -> None:
-        """Apply the processors to one row of float32 logits, in place."""
+        """Apply the processors to one row of float32 logits, in place, on its device: the
+        options' tensors are kept on the CPU and moved to the row's device where used."""
+        device = row.device
         if self.constraint is not None:
             self.constraint.mask(row)
         if self.bias is not None:
-            row.index_add_(0, *self.bias)
+            row.index_add_(0, self.bias[0].to(device), self.bias[1].to(device))
         if self.banned_early is not None and self.generated < self.min_tokens:
-            row[self.banned_early] = float("-inf")
+            row[self.banned_early.to(device)] = float("-inf")
         if self.repetition_penalty != 1.0:
-            seen = self._seen()
+            seen = self._seen().to(device)
             values = row[seen]
             penalty = self.repetition_penalty
             row[seen] = torch.where(values > 0, values / penalty, values * penalty)
         if self.counts and (self.presence_penalty or self.frequency_penalty):
-            ids = _ids(list(self.counts))
-            times = torch.tensor(list(self.counts.values()), dtype=row.dtype)
+            ids = _ids(list(self.counts), device)
+            times = torch.tensor(list(self.counts.values()), dtype=row.dtype, device=device)
             row[ids] -= times * self.frequency_penalty + self.presence_penalty
 
     def draw(self, row: torch.Tensor) -> int:
@@ -118,7 +128,7 @@ class Sampling:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         if self.min_p > 0:
             probs[probs < self.min_p * probs.max()] = 0.0
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
 
     def took(self, token: int) -> None:
         self.generated += 1
@@ -134,8 +144,8 @@ class Sampling:
         return torch.unique(torch.cat([self.prompt_ids, generated]))
 
 
-def _ids(values: object) -> torch.Tensor:
-    return torch.as_tensor(np.asarray(values, dtype=np.int64))
+def _ids(values: object, device: torch.device | str = CPU) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(values, dtype=np.int64), device=device)
 
 
 def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> list[int]:
