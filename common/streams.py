@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -36,14 +35,14 @@ class StreamEntry:
     payload: bytes | None
 
 
-def _text(value: bytes | str) -> str:
+def as_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _entries(stream: bytes | str, items: Iterable) -> list[StreamEntry]:
-    name = _text(stream)
+def entries_of(stream: bytes | str, items: Iterable) -> list[StreamEntry]:
+    name = as_text(stream)
     return [
-        StreamEntry(name, _text(eid), (fields or {}).get(FIELD.encode())) for eid, fields in items
+        StreamEntry(name, as_text(eid), (fields or {}).get(FIELD.encode())) for eid, fields in items
     ]
 
 
@@ -62,11 +61,11 @@ async def add_requests(store: Store, items: Sequence[tuple[str, bytes]]) -> list
     command alone, without a pipeline's own cost)."""
     if len(items) == 1:
         stream, payload = items[0]
-        return [_text(await store.xadd(stream, {FIELD: payload}))]
+        return [as_text(await store.xadd(stream, {FIELD: payload}))]
     pipe = pipeline(store)
     for stream, payload in items:
         pipe.xadd(stream, {FIELD: payload})
-    return [_text(entry_id) for entry_id in await pipe.execute()]
+    return [as_text(entry_id) for entry_id in await pipe.execute()]
 
 
 async def read_group(
@@ -76,41 +75,14 @@ async def read_group(
     reply = await store.xreadgroup(GROUP, consumer, streams, count=count, block=block_ms)
     out: list[StreamEntry] = []
     for stream, items in reply or []:
-        out.extend(_entries(stream, items))
+        out.extend(entries_of(stream, items))
     return out
 
 
-async def autoclaim(
-    store: Store, stream: str, consumer: str, *, min_idle_ms: int, start: str, count: int
-) -> tuple[str, list[StreamEntry], list[str]]:
-    """XAUTOCLAIM one page: (next cursor, claimed entries, ids whose payload is gone)."""
-    reply = await store.xautoclaim(
-        stream, GROUP, consumer, min_idle_time=min_idle_ms, start_id=start, count=count
-    )
-    cursor, items = reply[0], reply[1]
-    deleted = [_text(i) for i in reply[2]] if len(reply) > 2 else []
-    return _text(cursor), _entries(stream, items), deleted
-
-
-def _id_order(entry_id: str) -> tuple[int, int]:
+def id_order(entry_id: str) -> tuple[int, int]:
     """Stream ids order by number: as text, `5-10` would sort before `5-9`."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-async def delivery_counts(store: Store, stream: str, ids: Sequence[str]) -> dict[str, int]:
-    """How often each pending id was delivered (XPENDING range), for dead-lettering."""
-    if not ids:
-        return {}
-    first, last = min(ids, key=_id_order), max(ids, key=_id_order)
-    rows = await store.xpending_range(stream, GROUP, min=first, max=last, count=len(ids) * 4)
-    wanted = set(ids)
-    counts = {}
-    for row in rows:
-        entry_id = _text(row.get("message_id", row.get(b"message_id")))
-        if entry_id in wanted:
-            counts[entry_id] = int(row.get("times_delivered", row.get(b"times_delivered", 1)))
-    return counts
 
 
 async def complete(
@@ -164,14 +136,25 @@ async def read_replies(
         reply = (await pipe.execute())[-1]
     out: list[StreamEntry] = []
     for name, items in reply or []:
-        out.extend(_entries(name, items))
+        out.extend(entries_of(name, items))
     return out
 
 
 def _after(entry_id: str) -> str:
     """The smallest stream id above `entry_id`: XTRIM MINID keeps ids from it on."""
-    ms, seq = _id_order(entry_id)
+    ms, seq = id_order(entry_id)
     return f"{ms}-{seq + 1}"
+
+
+async def added_and_held(store: Store, stream: str) -> tuple[int, int] | None:
+    """Entries ever added to a stream, and those it holds now (XINFO STREAM); None where the
+    stream is not there yet or the server does not count (the embedded store)."""
+    try:
+        info = await store.xinfo_stream(stream)
+    except ResponseError:  # no stream yet: nothing written, nothing lost
+        return None
+    added = info.get("entries-added")
+    return None if added is None else (int(added), int(info["length"]))
 
 
 async def keep_alive(store: Store, stream: str, ttl_s: int) -> None:
@@ -240,8 +223,8 @@ async def worker_loads(store: Store, keys: Keys, model: str) -> dict[str, Worker
     out = {}
     for name, value in (rows or {}).items():
         try:
-            load, beat = _text(value).split()
-            out[_text(name)] = WorkerLoad(int(load), int(beat))
+            load, beat = as_text(value).split()
+            out[as_text(name)] = WorkerLoad(int(load), int(beat))
         except (ValueError, UnicodeDecodeError):  # not ours to fail on: skipped, not a crash
             continue
     return out
@@ -261,12 +244,12 @@ async def forget_affinity(store: Store, keys: Keys, model: str, worker: str) -> 
 
 async def registered_models(store: Store, keys: Keys) -> dict[str, bytes]:
     rows = await store.hgetall(keys.models)
-    return {_text(name): bytes(info) for name, info in (rows or {}).items()}
+    return {as_text(name): bytes(info) for name, info in (rows or {}).items()}
 
 
 async def load_tokenizer(store: Store, keys: Keys, sha: str) -> str | None:
     raw = await store.get(keys.tokenizer(sha))
-    return None if raw is None else _text(raw)
+    return None if raw is None else as_text(raw)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +273,11 @@ async def group_info(store: Store, stream: str) -> GroupInfo:
         groups = await store.xinfo_groups(stream)
     except ResponseError:  # "no such key": nothing was ever queued here
         groups = []
-    group = next((g for g in groups if _text(g["name"]) == GROUP), None)
+    group = next((g for g in groups if as_text(g["name"]) == GROUP), None)
     pending = int(group["pending"]) if group else 0
     lag = group.get("lag") if group else None
     read = group.get("entries-read") if group else None
-    oldest = int(_text(first[0][0]).split("-")[0]) if first else None
+    oldest = int(as_text(first[0][0]).split("-")[0]) if first else None
     return GroupInfo(
         int(length),
         pending,
@@ -307,7 +290,7 @@ async def group_info(store: Store, stream: str) -> GroupInfo:
 async def worker_beats(store: Store, keys: Keys, model: str) -> list[tuple[str, int]]:
     """Every consumer the registry remembers, with its last beat in epoch ms."""
     rows = await store.zrange(keys.workers(model), 0, -1, withscores=True)
-    return [(_text(name), int(score)) for name, score in rows or []]
+    return [(as_text(name), int(score)) for name, score in rows or []]
 
 
 async def stream_length(store: Store, stream: str) -> int:
@@ -316,7 +299,7 @@ async def stream_length(store: Store, stream: str) -> int:
 
 async def live_batching(store: Store, keys: Keys, model: str) -> dict[str, str]:
     rows = await store.hgetall(keys.batching(model))
-    return {_text(k): _text(v) for k, v in (rows or {}).items()}
+    return {as_text(k): as_text(v) for k, v in (rows or {}).items()}
 
 
 async def set_live_batching(store: Store, keys: Keys, model: str, values: dict[str, str]) -> None:
@@ -326,16 +309,6 @@ async def set_live_batching(store: Store, keys: Keys, model: str, values: dict[s
     if values:
         pipe.hset(keys.batching(model), mapping=values)
     await pipe.execute()
-
-
-async def renew_leases(store: Store, stream: str, consumer: str, ids: Sequence[str]) -> None:
-    """Reset our own pending entries' idle time so no peer's XAUTOCLAIM takes them.
-
-    On Redis, JUSTID does not count a delivery; burner-redis counts one, which matters only
-    after a restart there, and the embedded store does not survive one.
-    """
-    if ids:
-        await store.xclaim(stream, GROUP, consumer, 0, list(ids), idle=0, justid=True)
 
 
 async def cancel(store: Store, keys: Keys, model: str, ids: Sequence[str], until_ms: int) -> None:
@@ -350,44 +323,4 @@ async def cancelled(store: Store, keys: Keys, model: str, now_ms: int) -> set[st
     pipe.zremrangebyscore(keys.cancel(model), 0, now_ms)
     pipe.zrangebyscore(keys.cancel(model), now_ms, "+inf")
     _, ids = await pipe.execute()
-    return {_text(i) for i in ids or []}
-
-
-async def consumers(store: Store, stream: str) -> list[ConsumerInfo]:
-    """The group's consumers on `stream` (XINFO CONSUMERS): pending count and idle time."""
-    try:
-        rows = await store.xinfo_consumers(stream, GROUP)
-    except ResponseError as exc:
-        if "NOGROUP" in str(exc) or "no such key" in str(exc).lower():
-            return []
-        raise
-    return [
-        ConsumerInfo(_text(_field(r, "name")), int(_field(r, "pending")), int(_field(r, "idle")))
-        for r in rows
-    ]
-
-
-def _field(row: dict, name: str) -> Any:
-    """A field of a parsed XINFO/XPENDING row, keyed by text or by bytes."""
-    return row[name] if name in row else row[name.encode()]
-
-
-@dataclass(frozen=True, slots=True)
-class ConsumerInfo:
-    name: str
-    pending: int
-    idle_ms: int  # since it last read or claimed
-
-
-async def claim_pending_of(
-    store: Store, stream: str, owner: str, consumer: str, count: int
-) -> tuple[list[StreamEntry], dict[str, int]]:
-    """Up to `count` of `owner`'s pending entries, claimed for `consumer` now (XCLAIM, idle
-    0): the entries, and each one's delivery count with this claim."""
-    rows = await store.xpending_range(stream, GROUP, "-", "+", count, consumername=owner)
-    # the claim below is one more delivery
-    counts = {_text(_field(r, "message_id")): int(_field(r, "times_delivered")) + 1 for r in rows}
-    if not counts:
-        return [], {}
-    items = await store.xclaim(stream, GROUP, consumer, 0, list(counts))
-    return _entries(stream, items), counts
+    return {as_text(i) for i in ids or []}

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from common import metrics, streams
 from common.backoff import Backoff
+from common.errors import ServiceUnavailable
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk, ProtocolError, decode
 from common.store import Store
 
@@ -71,6 +72,9 @@ class ReplyRouter:
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
         self._trimmed = "0-0"  # the last id deleted from the stream (read and handled)
+        self._read_total = 0  # replies read since this gateway started
+        self._unpruned = 0  # of them, those still in the stream (the last read's)
+        self._gone_before: int | None = None  # replies gone from the stream before it read
 
     def expect(self, entry_id: str, rows: int = 1) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
@@ -114,10 +118,13 @@ class ReplyRouter:
                 )
                 if consumed is not None:
                     self._trimmed = consumed
+                self._read_total += len(read)
+                self._unpruned = len(read)  # read; deleted by the next read's trim
                 if time.monotonic() - last_alive > KEEP_ALIVE_EVERY_S:
                     await streams.keep_alive(self._store, self.stream, self._ttl_s)
                     last_alive = time.monotonic()
                     self._forget_old_answers()
+                    await self._check_for_lost_replies()
                 backoff.reset()
             except RedisError as exc:
                 await backoff.wait(log, "reply read", exc)
@@ -155,6 +162,33 @@ class ReplyRouter:
             if answered_at >= cutoff:
                 break
             del self._answered[oldest]
+
+    async def _check_for_lost_replies(self) -> None:
+        """Every reply ever added was read by this gateway or is still in its stream, unless
+        a writer's length bound deleted some unread: count them (entries-added is kept across
+        deletions) and fail the waiters when any went missing."""
+        counts = await streams.added_and_held(self._store, self.stream)
+        if counts is None:
+            return
+        added, held = counts
+        gone_unread = added - held - (self._read_total - self._unpruned)
+        if self._gone_before is None:
+            self._gone_before = gone_unread  # from before this gateway started: not its loss
+        elif gone_unread > self._gone_before:
+            self._gone_before = gone_unread
+            self._lost_unread()
+
+    def _lost_unread(self) -> None:
+        """Replies this gateway had not read were deleted: which, no one can say, so every
+        waiter now fails with a clear error rather than some waiting out their deadline."""
+        log.error("replies on %s were deleted before they were read", self.stream)
+        self.fail_all(
+            ServiceUnavailable(
+                "replies to this gateway were deleted before it read them (its reply stream "
+                "passed reply_maxlen): retry the request",
+                retry_after_s=1.0,
+            )
+        )
 
     def answered(self, entry_id: str) -> None:
         """A stream's reader got its final chunk: later chunks for the id are duplicates."""

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from common import metrics, streams
+from common import metrics, pending, streams
 from common.store import Store
 from worker.intake import Intake
 from worker.leases import Leases
@@ -63,7 +63,7 @@ class Reclaimer:
                     break
                 last = read[-1].entry_id
                 ids = [e.entry_id for e in read]
-                counts = await streams.delivery_counts(self._store, stream, ids)
+                counts = await pending.delivery_counts(self._store, stream, ids)
                 metrics.redeliveries_total.inc(len(read))
                 await self._intake.accept(read, counts)
 
@@ -113,12 +113,12 @@ class Reclaimer:
         worker starting) is not stale: both its beat and its idle time must have lapsed."""
         live = await self._live_peers()
         for stream in self._streams:
-            for peer in await streams.consumers(self._store, stream):
+            for peer in await pending.consumers(self._store, stream):
                 if peer.name == self._consumer or peer.name in live or not peer.pending:
                     continue
                 if peer.idle_ms < self._stale_ms or (room := self._intake.room()) <= 0:
                     continue
-                claimed, counts = await streams.claim_pending_of(
+                claimed, counts = await pending.claim_pending_of(
                     self._store, stream, peer.name, self._consumer, room
                 )
                 log.warning("took %d entries from stale peer %s", len(claimed), peer.name)
@@ -139,12 +139,12 @@ class Reclaimer:
 
     async def _renew(self) -> None:
         for stream, ids in self._leases.by_stream().items():
-            await streams.renew_leases(self._store, stream, self._consumer, ids)
+            await pending.renew_leases(self._store, stream, self._consumer, ids)
 
     async def _reclaim(self, stream: str) -> None:
         cursor = "0-0"
         while self._intake.room() > 0:
-            cursor, claimed, deleted = await streams.autoclaim(
+            cursor, claimed, deleted = await pending.autoclaim(
                 self._store,
                 stream,
                 self._consumer,
@@ -159,7 +159,7 @@ class Reclaimer:
             claimed = [e for e in claimed if (e.stream, e.entry_id) not in self._leases]
             if claimed:
                 ids = [e.entry_id for e in claimed]
-                counts = await streams.delivery_counts(self._store, stream, ids)
+                counts = await pending.delivery_counts(self._store, stream, ids)
                 metrics.redeliveries_total.inc(len(claimed))
                 await self._intake.accept(claimed, counts)
             if cursor == "0-0":

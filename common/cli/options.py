@@ -48,4 +48,14 @@ def settings_from_context(ctx: typer.Context, **named: Any) -> Settings:
     try:
         return Settings(**values)
     except ValidationError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        raise typer.BadParameter(settings_errors(exc)) from None
+
+
+def settings_errors(exc: ValidationError) -> str:
+    """What is wrong with the settings, naming each field, and never echoing a value: the
+    input pydantic would print holds every setting given, API keys and Redis passwords too."""
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False, include_context=False):
+        where = ".".join(str(part) for part in error["loc"]) or "settings"
+        lines.append(f"{where}: {error['msg']}")
+    return "invalid settings: " + "; ".join(lines)

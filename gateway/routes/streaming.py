@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import orjson
 from fastapi.responses import Response, StreamingResponse
@@ -27,6 +26,7 @@ from common.protocol import ErrorReply, GenerationChunk
 from gateway.routes.answers import Format, Submitted, usage
 from gateway.schemas import GenerationParams
 from gateway.services import Services
+from gateway.stream_order import ChoiceState, follow
 
 
 class _CancellingStream(StreamingResponse):
@@ -41,17 +41,6 @@ class _CancellingStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-
-
-@dataclass(slots=True)
-class _ChoiceState:
-    attempt: str | None = None
-    next_index: int = 0
-    relayed: int = 0  # chunks sent to the client from the current attempt
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finished: bool = False
-    offset: int = -1  # legacy logprobs' text offset so far; -1 before the first event
 
 
 class _Relay:
@@ -75,7 +64,7 @@ class _Relay:
         )
         self.queue: asyncio.Queue = asyncio.Queue()
         self.n = sub.shape.n
-        self.states = {(i, c): _ChoiceState() for i in sub.ids for c in range(self.n)}
+        self.states = {(i, c): ChoiceState() for i in sub.ids for c in range(self.n)}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         for entry_id in sub.ids:
             services.router.expect_stream(entry_id, self.queue)
@@ -141,11 +130,13 @@ class _Relay:
     def _relay(self, chunk: GenerationChunk) -> tuple[bytes, bool]:
         """The event for one chunk (maybe none) and whether the stream must end in error."""
         state = self.states[(chunk.id, chunk.choice)]
-        verdict = _follow(state, chunk)
+        verdict = follow(state, chunk)
         if verdict == "skip":
             return b"", False
         if verdict == "restarted":
             return self._error(_restarted(state)), True
+        if verdict == "gap":
+            return self._error(_gap(state, chunk)), True
         if state.relayed == 0 and chunk.choice == 0 and self.sub.routed:
             names = self.sub.routed[self.sub.ids.index(chunk.id)]
             self.services.learn_route(names, chunk.worker)
@@ -186,20 +177,14 @@ def stream(
     return _CancellingStream(relay.events(sub.entries.items), relay.close, headers)
 
 
-def _follow(state: _ChoiceState, chunk: GenerationChunk) -> str:
-    """What a chunk means for its choice: "relay", "skip" (a duplicate of one already
-    relayed) or "restarted" (a new attempt after text of an earlier one was streamed)."""
-    if state.attempt is None or (chunk.attempt != state.attempt and state.relayed == 0):
-        state.attempt, state.next_index = chunk.attempt, 0
-    if chunk.attempt != state.attempt:
-        return "restarted"
-    if chunk.index < state.next_index:
-        return "skip"
-    state.next_index = chunk.index + 1
-    return "relay"
+def _gap(state: ChoiceState, chunk: GenerationChunk) -> WorkerFailed:
+    return WorkerFailed(
+        f"chunks {state.next_index}..{chunk.index - 1} of this completion never arrived (its "
+        "replies were deleted unread), so the text above has a hole: retry the request"
+    )
 
 
-def _restarted(state: _ChoiceState) -> WorkerFailed:
+def _restarted(state: ChoiceState) -> WorkerFailed:
     return WorkerFailed(
         f"the worker generating this completion failed after {state.relayed} streamed chunks; "
         "a peer restarted it, so the text above is incomplete and would repeat: retry the request"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
-from common import streams
+from common import pending, streams
 from common.settings import Settings
 from common.store import close_store, open_store
 
@@ -23,7 +23,7 @@ def test_delivery_counts_hold_when_batch_mates_ids_differ_in_length(redis_url: s
                 await store.xadd("s", {streams.FIELD: b"x"}, id=f"5-{seq}")
             await store.xreadgroup(streams.GROUP, "dead", {"s": ">"}, count=20)
             await store.xclaim("s", streams.GROUP, "peer", 0, ["5-9", "5-10"])
-            return await streams.delivery_counts(store, "s", ["5-9", "5-10"])
+            return await pending.delivery_counts(store, "s", ["5-9", "5-10"])
         finally:
             await close_store(store)
 

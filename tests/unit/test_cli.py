@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -74,3 +75,19 @@ def test_loopback_and_keys_and_an_explicit_allowance_each_pass_the_bind_check() 
     assert open_bind_refusal(Settings(host="0.0.0.0", allow_unauthenticated=True)) is None
     assert open_bind_refusal(Settings(host="0.0.0.0")) is not None
     assert open_bind_refusal(Settings(host="gateway.internal")) is not None
+
+
+def test_a_settings_error_names_the_field_and_never_echoes_a_secret() -> None:
+    """A model-level check's error once printed every setting given, API keys included."""
+
+    def said(result) -> str:  # the words, without the box rich draws around them
+        return " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())
+
+    env = {"MICROBATCH_API_KEYS": "sk-very-secret", "MICROBATCH_MAX_BATCH_TOKENS": "1"}
+    bad = CliRunner().invoke(app, ["worker", "--redis-url", "redis://:hunter2@x"], env=env)
+    assert bad.exit_code != 0
+    assert "max_batch_tokens must hold" in said(bad)
+    assert "sk-very" not in bad.output and "hunter2" not in bad.output
+    env = {"MICROBATCH_PORT": "99999"}
+    port = CliRunner().invoke(app, ["worker", "--redis-url", "redis://x"], env=env)
+    assert "port: Input should be less than or equal to 65535" in said(port)
