@@ -268,6 +268,11 @@ class TokenizePool:
         """`fn(*args)` inline when `chars` is small, else on the pool."""
         if chars <= self._inline_chars:
             return fn(*args)
+        return await self.on_pool(fn, *args)
+
+    async def on_pool(self, fn, *args):
+        """`fn(*args)` on the pool, whatever its size: work whose cost its input's length
+        does not tell (a grammar's compile) never runs on the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def close(self) -> None:

@@ -24,10 +24,16 @@ from common.protocol import (
     encode,
     pack_tokens,
 )
+from common.response_format import grammar_problem
 from gateway.catalog import ModelEntry
 from gateway.request import Parsed, api_call
 from gateway.routes.answers import Format, Shape, Submitted, whole_body
-from gateway.routes.sampling import check_min_tokens, sampling_fields
+from gateway.routes.sampling import (
+    MAX_SCHEMA_BYTES,
+    check_min_tokens,
+    sampling_fields,
+    schema_text,
+)
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
@@ -180,6 +186,15 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     request_id = call.request_id
     prompts = await prepare(services, model, req)
     check_min_tokens(req, prompts.new_tokens)
+    answer_format, schema = req.response_format, schema_text(req)
+    if (
+        answer_format is not None
+        and answer_format.type != "text"
+        and len(schema) <= MAX_SCHEMA_BYTES
+    ):
+        # a schema's first compile (up to tens of ms) on a tokenizer thread, not the loop;
+        # remembered, so sampling_fields below finds it compiled
+        await services.tokenize.on_pool(grammar_problem, answer_format.type, schema)
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms)
     session = call.session or req.user
     ask = _Ask(request_id, call.priority, call.timeout_ms, session)

@@ -19,6 +19,7 @@ from gateway.request import Parsed, api_call
 from gateway.routes.rows import Answered, json_response, run_rows
 from gateway.schemas import openapi_body
 from gateway.scores import activate, ranking
+from gateway.submit import admit_or_refuse
 
 V1 = "/v1/rerank"
 V2 = "/v2/rerank"
@@ -81,8 +82,12 @@ async def _cohere(parsed: Parsed[RerankRequest]) -> Response:
     returned, `meta` with the API version."""
     req, call = parsed.body, parsed.call
     texts = _documents(parsed, req)
-    limit = req.max_tokens_per_doc or 4096
-    cut = [parsed.model.tokenizer.cut(t, limit) for t in texts]
+    admit_or_refuse(parsed.services, parsed.model, len(texts), call.timeout_ms)  # before work
+    limit, tokenizer = req.max_tokens_per_doc or 4096, parsed.model.tokenizer
+    chars = sum(len(t) for t in texts)  # up to the body limit: on a tokenizer thread
+    cut = await parsed.services.tokenize.run(
+        chars, lambda: [tokenizer.cut(t, limit) for t in texts]
+    )
     scores, answered = await _score(parsed, req.query, cut, True, "right", req.raw_scores)
     results = [
         {"index": i, "relevance_score": scores[i]} for i in ranking(scores, req.top_n or None)

@@ -13,7 +13,7 @@ import orjson
 
 from common.errors import InvalidRequest
 from common.protocol import pack_tokens
-from common.response_format import StructureError, grammar
+from common.response_format import grammar_problem
 from gateway.schemas import GenerationParams
 
 MAX_LOGIT_BIAS = 1024
@@ -47,7 +47,7 @@ def _structure(req: GenerationParams) -> dict[str, str]:
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return {}
-    schema = orjson.dumps(fmt.json_schema.schema_).decode() if fmt.json_schema else ""
+    schema = schema_text(req)
     if len(schema) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
             f"the JSON schema has {len(schema)} bytes; at most {MAX_SCHEMA_BYTES}",
@@ -56,13 +56,18 @@ def _structure(req: GenerationParams) -> dict[str, str]:
     for option, value in (("ignore_eos", req.ignore_eos), ("min_tokens", req.min_tokens)):
         if value:  # the answer ends when its JSON does: neither could be honoured
             raise InvalidRequest(f"{option} cannot be combined with response_format", param=option)
-    try:
-        grammar(fmt.type, schema)
-    except StructureError as exc:
+    problem = grammar_problem(fmt.type, schema)  # compiled off the loop first (generation)
+    if problem is not None:
         raise InvalidRequest(
-            f"response_format: the schema cannot be enforced: {exc}", param="response_format"
-        ) from None
+            f"response_format: the schema cannot be enforced: {problem}", param="response_format"
+        )
     return {"response_format": fmt.type, "json_schema": schema}
+
+
+def schema_text(req: GenerationParams) -> str:
+    """The response format's schema as the entry carries it ("" for a JSON object)."""
+    fmt = req.response_format
+    return orjson.dumps(fmt.json_schema.schema_).decode() if fmt and fmt.json_schema else ""
 
 
 def check_min_tokens(req: GenerationParams, new_tokens: list[int]) -> None:
