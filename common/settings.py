@@ -11,6 +11,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from common.message_checks import MAX_ENTRY_ROWS
+from common.settings_checks import MAX_MODEL_ALIASES, inconsistency
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -20,18 +21,6 @@ def _split_commas(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
-
-
-def _check_cluster_url(url: str | None) -> None:
-    """A cluster needs a node to start from, and has only database 0."""
-    if url is None:
-        raise ValueError("redis_cluster needs a redis_url naming any node of the cluster")
-    db = urlsplit(url).path.strip("/")
-    if db not in ("", "0"):
-        raise ValueError(f"a Redis Cluster has only database 0, not {db} (redis_url path)")
-
-
-MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
 
 
 class Settings(BaseSettings):
@@ -83,6 +72,18 @@ class Settings(BaseSettings):
     )
     request_timeout_ms: int = Field(
         default=30_000, gt=0, description="default deadline (`X-Microbatch-Timeout-Ms` overrides)"
+    )
+    max_request_timeout_ms: int = Field(
+        default=600_000,
+        gt=0,
+        description="the longest deadline a client may ask for with `X-Microbatch-Timeout-Ms` "
+        "(a generation may hold a worker that long); longer is a 400",
+    )
+    max_sequences_per_request: int = Field(
+        default=256,
+        gt=0,
+        description="sequences one generation request may start (prompts x `best_of` or "
+        "`n`); more is a 400, so one request cannot take a model's whole queue",
     )
     max_queue_depth: int = Field(
         default=4096, gt=0, description="per model: above it, 503 with `Retry-After`"
@@ -350,23 +351,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _limits_consistent(self) -> Settings:
-        if self.read_block_ms >= self.redis_socket_timeout_s * 1000:
-            # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
-            raise ValueError("read_block_ms must stay below redis_socket_timeout_s")
-        if self.redis_cluster:
-            _check_cluster_url(self.redis_url)
-        if self.quantize == "int8" and self.backend != "onnx":
-            raise ValueError("quantize int8 needs backend onnx")
-        if self.dtype != "float32" and self.backend != "torch":
-            # the exported graph is float32: a half-precision ask would be silently ignored
-            raise ValueError(f"dtype {self.dtype} needs backend torch (onnx runs float32)")
-        if self.backend != "torch" and self.device != "cpu":
-            # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
-            raise ValueError(f"backend {self.backend} runs on the CPU; use backend torch")
-        if len(self.served_model_name) > 1 + MAX_MODEL_ALIASES:
-            raise ValueError(f"served_model_name takes at most {1 + MAX_MODEL_ALIASES} names")
-        if self.max_batch_tokens < self.buckets[-1]:
-            raise ValueError("max_batch_tokens must hold at least one entry of the largest bucket")
+        problem = inconsistency(self)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @property

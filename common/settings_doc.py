@@ -31,6 +31,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "rate_limit_per_key",
         "rate_limit_burst",
         "request_timeout_ms",
+        "max_request_timeout_ms",
+        "max_sequences_per_request",
         "max_queue_depth",
         "max_body_bytes",
         "max_inputs_per_request",

@@ -42,7 +42,6 @@ from gateway.services import Services
 
 log = logging.getLogger("microbatch.gateway")
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-MAX_TIMEOUT_MS = 600_000
 T = TypeVar("T", bound=BaseModel)
 
 
@@ -141,7 +140,9 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
         request_id=request_id,
         key=key,
         timeout_ms=timeout_ms_of(
-            headers.get("x-microbatch-timeout-ms"), services.settings.request_timeout_ms
+            headers.get("x-microbatch-timeout-ms"),
+            services.settings.request_timeout_ms,
+            services.settings.max_request_timeout_ms,
         ),
         priority=priority_of(headers.get("x-microbatch-priority")),
         session=headers.get("x-microbatch-session"),
@@ -205,12 +206,13 @@ def request_id_of(given: str | None) -> str:
     return given
 
 
-def timeout_ms_of(raw: str | None, default_ms: int) -> int:
+def timeout_ms_of(raw: str | None, default_ms: int, longest_ms: int) -> int:
+    """The client's deadline, at most the operator's `max_request_timeout_ms`."""
     if raw is None:
         return default_ms
     # ASCII digits only: "²".isdigit() holds, and int("²") raises
-    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= MAX_TIMEOUT_MS:
-        raise InvalidRequest(f"X-Microbatch-Timeout-Ms must be an integer in 1..{MAX_TIMEOUT_MS}")
+    if not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) <= longest_ms:
+        raise InvalidRequest(f"X-Microbatch-Timeout-Ms must be an integer in 1..{longest_ms}")
     return int(raw)
 
 

@@ -186,6 +186,7 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     request_id = call.request_id
     prompts = await prepare(services, model, req)
     check_min_tokens(req, prompts.new_tokens)
+    check_sequences(len(prompts.ids), req.candidates, services.settings.max_sequences_per_request)
     answer_format, schema = req.response_format, schema_text(req)
     if (
         answer_format is not None
@@ -228,3 +229,14 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         },
         media_type="application/json",
     )
+
+
+def check_sequences(prompts: int, per_prompt: int, limit: int) -> None:
+    """One request starts at most `limit` sequences: 256 prompts x best_of 16 would hold a
+    model's whole queue (issue 34)."""
+    if prompts * per_prompt > limit:
+        raise InvalidRequest(
+            f"{prompts} prompts x {per_prompt} choices each are {prompts * per_prompt} "
+            f"sequences; one request may start at most {limit} (max_sequences_per_request)",
+            param="n" if per_prompt > 1 else "prompt",
+        )

@@ -111,3 +111,23 @@ def test_each_gateway_process_gets_its_own_gateway_id_and_the_resolved_port() ->
     assert {(c.port, c.processes) for c in children} == {(8123, 1)}
     # unset, each process names itself host + its own pid
     assert child_settings(Settings(processes=2), 0, 8123).gateway_id is None
+
+
+def test_a_client_may_not_ask_for_a_deadline_past_the_operator_s_cap() -> None:
+    from common.errors import InvalidRequest
+    from gateway.request import timeout_ms_of
+
+    assert timeout_ms_of("4000", 30_000, 4000) == 4000
+    with pytest.raises(InvalidRequest, match=r"in 1\.\.4000"):
+        timeout_ms_of("4001", 30_000, 4000)
+    with pytest.raises(ValueError, match="request_timeout_ms must not exceed"):
+        Settings(request_timeout_ms=60_000, max_request_timeout_ms=30_000)
+
+
+def test_one_generation_request_starts_at_most_max_sequences_per_request() -> None:
+    from common.errors import InvalidRequest
+    from gateway.routes.generation import check_sequences
+
+    check_sequences(16, 16, 256)
+    with pytest.raises(InvalidRequest, match="256 prompts x 16 choices each are 4096 sequences"):
+        check_sequences(256, 16, 256)

@@ -1,0 +1,89 @@
+"""Settings that cannot work together, refused at start with what to change.
+
+Each check is one combination the code would otherwise run wrongly or silently ignore; the
+settings object calls `inconsistency` once, after every field is read.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+from urllib.parse import urlsplit
+
+MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
+
+
+class Checked(Protocol):
+    """The settings these checks read (the settings object, which imports this module),
+    read-only, so narrower types (a Literal for a str) still match."""
+
+    @property
+    def read_block_ms(self) -> int: ...
+
+    @property
+    def redis_socket_timeout_s(self) -> float: ...
+
+    @property
+    def redis_cluster(self) -> bool: ...
+
+    @property
+    def redis_url(self) -> str | None: ...
+
+    @property
+    def quantize(self) -> str: ...
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def served_model_name(self) -> list[str]: ...
+
+    @property
+    def max_batch_tokens(self) -> int: ...
+
+    @property
+    def buckets(self) -> list[int]: ...
+
+    @property
+    def request_timeout_ms(self) -> int: ...
+
+    @property
+    def max_request_timeout_ms(self) -> int: ...
+
+
+def _check_cluster_url(url: str | None) -> None:
+    """A cluster needs a node to start from, and has only database 0."""
+    if url is None:
+        raise ValueError("redis_cluster needs a redis_url naming any node of the cluster")
+    db = urlsplit(url).path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(f"a Redis Cluster has only database 0, not {db} (redis_url path)")
+
+
+def inconsistency(s: Checked) -> str | None:
+    """The first combination of `s` that cannot work, said as what to change; or None."""
+    if s.read_block_ms >= s.redis_socket_timeout_s * 1000:
+        # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
+        return "read_block_ms must stay below redis_socket_timeout_s"
+    if s.redis_cluster:
+        _check_cluster_url(s.redis_url)
+    if s.quantize == "int8" and s.backend != "onnx":
+        return "quantize int8 needs backend onnx"
+    if s.dtype != "float32" and s.backend != "torch":
+        # the exported graph is float32: a half-precision ask would be silently ignored
+        return f"dtype {s.dtype} needs backend torch (onnx runs float32)"
+    if s.backend != "torch" and s.device != "cpu":
+        # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
+        return f"backend {s.backend} runs on the CPU; use backend torch"
+    if len(s.served_model_name) > 1 + MAX_MODEL_ALIASES:
+        return f"served_model_name takes at most {1 + MAX_MODEL_ALIASES} names"
+    if s.max_batch_tokens < s.buckets[-1]:
+        return "max_batch_tokens must hold at least one entry of the largest bucket"
+    if s.request_timeout_ms > s.max_request_timeout_ms:
+        return "request_timeout_ms must not exceed max_request_timeout_ms"
+    return None
