@@ -10,6 +10,7 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{model}:cancel          sorted set: entry id -> until (ms) for requests nobody awaits
     mb:reply:<gateway id>      replies for one gateway process
     mb:models                  hash: model name -> ModelInfo
+    mb:gateways                sorted set: reply stream -> its gateway's last beat (ms)
     mb:tokenizer:<sha256>      a registered tokenizer's JSON
 
 Every `{model}` key of one model shares a Redis Cluster hash slot (the braces are its hash
@@ -53,6 +54,11 @@ class Keys:
 
     def cancel(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:cancel"
+
+    @property
+    def gateways(self) -> str:
+        """Sorted set: reply stream -> its gateway's last beat (ms; an hour back once it left)."""
+        return f"{self.prefix}:gateways"
 
     def tokenizer(self, sha256: str) -> str:
         return f"{self.prefix}:tokenizer:{sha256}"

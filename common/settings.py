@@ -198,6 +198,12 @@ class Settings(BaseSettings):
         description="XREADGROUP / XREAD BLOCK; must stay below the socket timeout",
     )
     heartbeat_interval_ms: int = Field(default=1000, gt=0, description="worker liveness beat")
+    gateway_stale_ms: int = Field(
+        default=30_000,
+        gt=0,
+        description="a gateway silent this long (it beats every 5 s) is gone: workers drop "
+        "what they hold for it; one that stops cleanly is gone at once",
+    )
     worker_stale_ms: int = Field(
         default=5000, gt=0, description="a worker silent this long counts as gone"
     )

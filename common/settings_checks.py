@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 from urllib.parse import urlsplit
 
+GATEWAY_BEAT_MS = 5000  # how often a gateway beats (its reply reader's keep-alive)
 MAX_MODEL_ALIASES = 4  # a ModelInfo carries them as a list, at most four on the wire
 
 
@@ -55,6 +56,9 @@ class Checked(Protocol):
     @property
     def max_request_timeout_ms(self) -> int: ...
 
+    @property
+    def gateway_stale_ms(self) -> int: ...
+
 
 def _check_cluster_url(url: str | None) -> None:
     """A cluster needs a node to start from, and has only database 0."""
@@ -86,4 +90,6 @@ def inconsistency(s: Checked) -> str | None:
         return "max_batch_tokens must hold at least one entry of the largest bucket"
     if s.request_timeout_ms > s.max_request_timeout_ms:
         return "request_timeout_ms must not exceed max_request_timeout_ms"
+    if s.gateway_stale_ms < GATEWAY_BEAT_MS * 2:
+        return f"gateway_stale_ms must be at least {GATEWAY_BEAT_MS * 2} (gateways beat every 5 s)"
     return None

@@ -85,6 +85,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_batch_ms",
         "heartbeat_interval_ms",
         "worker_stale_ms",
+        "gateway_stale_ms",
         "worker_id",
         "metrics_port",
         "profile_dir",

@@ -157,9 +157,29 @@ async def added_and_held(store: Store, stream: str) -> tuple[int, int] | None:
     return None if added is None else (int(added), int(info["length"]))
 
 
-async def keep_alive(store: Store, stream: str, ttl_s: int) -> None:
-    """A reply stream lives while its gateway does: its time to live, set again."""
-    await store.expire(stream, ttl_s)
+async def keep_alive(store: Store, keys: Keys, stream: str, ttl_s: int, now_ms: int) -> None:
+    """A reply stream lives while its gateway does: its time to live set again, and the
+    gateway's beat, by which workers tell whether anyone will read what they send there."""
+    pipe = pipeline(store)
+    pipe.expire(stream, ttl_s)
+    pipe.zadd(keys.gateways, {stream: now_ms})
+    await pipe.execute()
+
+
+async def gateway_left(store: Store, keys: Keys, stream: str, now_ms: int) -> None:
+    """A gateway stopping for good: its beat set an hour back, so every worker finds it
+    gone at once and drops what it holds for it (the entry is forgotten within a day)."""
+    await store.zadd(keys.gateways, {stream: now_ms - 3_600_000})
+
+
+async def gone_gateways(store: Store, keys: Keys, now_ms: int, stale_ms: int) -> frozenset[str]:
+    """Reply streams whose gateway left or has not beaten for `stale_ms`. A stream never
+    seen beating (a gateway from before beats) is not among them: unknown is not gone.
+    Entries a day past any use are forgotten on the way."""
+    pipe = pipeline(store)
+    pipe.zremrangebyscore(keys.gateways, "-inf", now_ms - 86_400_000)
+    pipe.zrangebyscore(keys.gateways, 0, now_ms - stale_ms)
+    return frozenset(as_text(name) for name in (await pipe.execute())[-1])
 
 
 async def dead_letter(

@@ -110,6 +110,7 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
         finally:
             services.stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await services.router.leave()
             services.tokenize.close()
 
     app = GatewayApp(

@@ -20,14 +20,16 @@ from redis.exceptions import RedisError
 
 from common import metrics, streams
 from common.backoff import Backoff
+from common.clock import wall_ms
 from common.errors import ServiceUnavailable
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk, ProtocolError, decode
+from common.settings_checks import GATEWAY_BEAT_MS
 from common.store import Store
 
 log = logging.getLogger("microbatch.gateway")
 
 Reply = EmbeddingResult | GenerationChunk | ErrorReply
-KEEP_ALIVE_EVERY_S = 5.0
+KEEP_ALIVE_EVERY_S = GATEWAY_BEAT_MS / 1000  # and the gateway's beat, for workers
 
 
 class Sink(Protocol):
@@ -60,9 +62,12 @@ class Choices:
 
 
 class ReplyRouter:
-    def __init__(self, store: Store, stream: str, *, block_ms: int, ttl_s: int) -> None:
+    def __init__(
+        self, store: Store, stream: str, *, block_ms: int, ttl_s: int, keys: streams.Keys
+    ) -> None:
         self.stream = stream
         self._store = store
+        self._keys = keys
         self._block_ms = block_ms
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
@@ -121,7 +126,9 @@ class ReplyRouter:
                 self._read_total += len(read)
                 self._unpruned = len(read)  # read; deleted by the next read's trim
                 if time.monotonic() - last_alive > KEEP_ALIVE_EVERY_S:
-                    await streams.keep_alive(self._store, self.stream, self._ttl_s)
+                    await streams.keep_alive(
+                        self._store, self._keys, self.stream, self._ttl_s, wall_ms()
+                    )
                     last_alive = time.monotonic()
                     self._forget_old_answers()
                     await self._check_for_lost_replies()
@@ -189,6 +196,14 @@ class ReplyRouter:
                 retry_after_s=1.0,
             )
         )
+
+    async def leave(self) -> None:
+        """Stopping for good: tell workers nobody reads this stream any more, so they drop
+        what they still generate for it instead of running it to its deadline."""
+        try:
+            await streams.gateway_left(self._store, self._keys, self.stream, wall_ms())
+        except RedisError as exc:  # they find it gone once its beat is stale
+            log.warning("could not tell workers this gateway left: %s", exc)
 
     def answered(self, entry_id: str) -> None:
         """A stream's reader got its final chunk: later chunks for the id are duplicates."""

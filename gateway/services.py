@@ -39,6 +39,7 @@ class Services:
             self.keys.reply(self.id),
             block_ms=settings.read_block_ms,
             ttl_s=max(60, 2 * settings.request_timeout_ms // 1000),
+            keys=self.keys,
         )
         self.enqueuer = Enqueuer(store)
         self.entry_rows = RowsPerEntry()

@@ -18,6 +18,8 @@ class Inbox:
         self._wake = asyncio.Event()  # something arrived, left, finished or changed
         self._room = asyncio.Event()  # the loop took or finished work: room to read
         self.cancelled: set[str] = set()  # entry ids whose clients stopped waiting
+        self.gone: frozenset[str] = frozenset()  # reply streams of gateways that left or died
+        self.version = 0  # bumps whenever `cancelled` or `gone` changes
         self.overrides: dict[str, str] = {}  # live batching settings (`microbatch tune`)
         self.reading = True  # false once the reader has stopped for good
 
@@ -28,9 +30,24 @@ class Inbox:
 
     def post_cancelled(self, ids: set[str]) -> None:
         """The whole cancel set as last read; the loop wakes only when it grew."""
+        if ids != self.cancelled:
+            self.version += 1
         if ids - self.cancelled:
             self._wake.set()
         self.cancelled = ids
+
+    def post_gone(self, reply_streams: frozenset[str]) -> None:
+        """Reply streams whose gateway left or stopped beating: nobody will read their
+        answers, so what is held for them is dropped like a cancellation."""
+        if reply_streams != self.gone:
+            self.version += 1
+            if reply_streams - self.gone:
+                self._wake.set()
+            self.gone = reply_streams
+
+    def unwanted(self, entry_id: str, reply_to: str) -> bool:
+        """Whether nobody waits for this entry's answer any more."""
+        return entry_id in self.cancelled or reply_to in self.gone
 
     def post_overrides(self, overrides: dict[str, str]) -> None:
         """Live settings as last read; replaced (and the loop woken) only when they differ,

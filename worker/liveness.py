@@ -83,8 +83,12 @@ class Liveness:
             self._inbox.post_overrides(
                 await streams.live_batching(self._store, self._keys, self._model)
             )
+            stale_ms = self._settings.gateway_stale_ms
+            self._inbox.post_gone(
+                await streams.gone_gateways(self._store, self._keys, wall_ms(), stale_ms)
+            )
         except RedisError as exc:
-            log.warning("reading live batching settings failed: %s", exc)
+            log.warning("reading live settings or gateways failed: %s", exc)
         try:
             registered = await streams.heartbeat(
                 self._store,

@@ -28,6 +28,7 @@ from common.protocol import (
 )
 from common.settings import Settings
 from common.store import close_store, open_store
+from tests.conftest import eventually
 from worker.compute_threads import ComputeThreads
 from worker.consumer import compose
 from worker.generate.engine import GenerationEngine
@@ -234,3 +235,65 @@ def test_a_prompt_delivered_past_max_deliveries_is_dead_lettered_with_an_answer(
     [letter] = outcome.dead
     assert letter.deliveries == 4 and letter.worker == NAME
     assert outcome.steps == 0 and outcome.left == 0
+
+
+def test_a_generation_for_a_gateway_that_left_stops_at_once(
+    redis_url: str, engine_and_tokenizer
+) -> None:
+    """A gateway that stops (or stops beating) has nobody left to read what a worker
+    generates for it: the worker drops the sequence instead of running it to max_tokens
+    (up to 600 s of a GPU per orphan, before)."""
+    engine, tokenizer = engine_and_tokenizer
+    settings = Settings(
+        redis_url=redis_url, model=MODEL, heartbeat_interval_ms=100, read_block_ms=100
+    )
+    long = _entry(0, [5, 6, 7], max_tokens=400, stream=True)
+
+    async def scenario() -> tuple[int, int, int]:
+        store = open_store(settings)
+        keys = streams.Keys(settings.prefix)
+        stream = keys.request(MODEL, 128)
+        try:
+            await streams.ensure_groups(store, [stream])
+            await streams.keep_alive(store, keys, REPLY, 60, int(time.time() * 1000))
+            await streams.add_requests(store, [(stream, encode(long))])
+            limits = EntryLimits(
+                model=MODEL,
+                max_tokens=engine.context,
+                vocab_size=engine.vocab_size,
+                max_deliveries=3,
+                generates=True,
+            )
+            compute = ComputeThreads()
+            loops: list[GenerationLoop] = []
+
+            def make_loop(wiring):
+                loops.append(GenerationLoop(settings, wiring, engine, tokenizer, compute))
+                return loops[-1]
+
+            async def register() -> None:
+                return None
+
+            consumer = compose(settings, store, limits, NAME, make_loop, register, compute)
+            stop = asyncio.Event()
+            worker = asyncio.ensure_future(consumer.run(stop))
+            await eventually(lambda: loops and loops[0].steps_run >= 5, 20, "generating")
+            await streams.gateway_left(store, keys, REPLY, int(time.time() * 1000))
+            await eventually(lambda: not loops[0].busy, 10, "the sequence dropped")
+            steps = loops[0].steps_run
+            stop.set()
+            await asyncio.wait_for(worker, 10)
+            finals = [
+                r
+                for item in await streams.read_replies(
+                    store, REPLY, "0-0", count=1000, block_ms=None
+                )
+                if (r := decode(item.payload or b"")).finish_reason
+            ]
+            return steps, len(finals), await store.xlen(stream)
+        finally:
+            await close_store(store)
+
+    steps, finals, left = asyncio.run(scenario())
+    assert steps < 300, f"{steps} steps for a gateway that had left"
+    assert finals == 0 and left == 0  # never finished; acked all the same

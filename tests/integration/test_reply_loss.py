@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from common.errors import ServiceUnavailable
+from common.keys import Keys
 from common.settings import Settings
 from common.store import close_store, open_store
 from gateway.replies import ReplyRouter
@@ -32,7 +33,7 @@ def test_a_waiter_whose_reply_was_deleted_unread_fails_now_not_at_its_deadline(
         settings = Settings(redis_url=redis_url)
         store = open_store(settings)
         try:
-            router = ReplyRouter(store, STREAM, block_ms=50, ttl_s=60)
+            router = ReplyRouter(store, STREAM, block_ms=50, ttl_s=60, keys=Keys("mb"))
             await store.xadd(STREAM, {"m": b"read and deleted by the gateway: no loss"})
             await _run_briefly(router)  # reads it (nobody waits for it), notes the counts
             waiting = router.expect("e.1")

@@ -75,8 +75,8 @@ class EmbedLoop:
         self._overrides = self._inbox.overrides  # the live settings applied
         self._rows = RowQueues(settings.buckets)
         self._entries: dict[Done, Assembly] = {}  # held here: queued, computing, or both
-        # what `_drop_unwanted` last looked at: the cancel set, and the next deadline due
-        self._cancelled_seen: set[str] | None = None
+        # the next deadline due, for `_drop_unwanted`
+        self._seen_version = -1  # the inbox's version `_drop_unwanted` last looked at
         self._next_deadline_ms: float = math.inf
         self._rows_per_entry = 1.0
         self._batch_ids = itertools.count()
@@ -132,8 +132,8 @@ class EmbedLoop:
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n)
         self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
-        if assembly.entry.id in self._inbox.cancelled:
-            self._cancelled_seen = None  # cancelled before it arrived: look at once
+        if self._inbox.unwanted(assembly.entry.id, assembly.entry.reply_to):
+            self._seen_version = -1  # cancelled before it arrived: look at once
         self._rows_per_entry += ROWS_PER_ENTRY_WEIGHT * (n - self._rows_per_entry)
         self._inbox.wake()
 
@@ -246,17 +246,21 @@ class EmbedLoop:
         """Before any compute: drop the queued rows of entries whose client left (acked) or
         whose deadline passed while they waited here (answered 504), once none of their rows
         is computing (read early, within `sort_window`)."""
-        cancelled, now_ms = self._inbox.cancelled, wall_ms()
-        if cancelled is self._cancelled_seen and now_ms < self._next_deadline_ms:
+        inbox, now_ms = self._inbox, wall_ms()
+        if inbox.version == self._seen_version and now_ms < self._next_deadline_ms:
             return  # no new cancellations and no deadline passed: nothing to look for
-        self._cancelled_seen = cancelled
-        dropped = [
-            a
-            for a in self._entries.values()
-            if not a.dropped and (a.entry.id in cancelled or a.entry.deadline_ms <= now_ms)
-        ]
-        for assembly in dropped:
-            assembly.dropped = "cancelled" if assembly.entry.id in cancelled else "deadline"
+        self._seen_version = inbox.version
+        dropped = []
+        for a in self._entries.values():
+            if a.dropped:
+                continue
+            if inbox.unwanted(a.entry.id, a.entry.reply_to):
+                a.dropped = "cancelled"
+            elif a.entry.deadline_ms <= now_ms:
+                a.dropped = "deadline"
+            else:
+                continue
+            dropped.append(a)
         revoked = self._revoke_behind()
         self._next_deadline_ms = min(
             (a.entry.deadline_ms for a in self._entries.values() if not a.dropped),

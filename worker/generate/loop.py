@@ -287,14 +287,14 @@ class GenerationLoop:
     def _drop_unwanted(self) -> tuple[list[Reply], list[Done]]:
         """Free sequences whose client left (ack only) or whose deadline passed (504)."""
         now_ms = wall_ms()
-        cancelled = self._inbox.cancelled
+        unwanted = self._inbox.unwanted
         replies: list[Reply] = []
         done: list[Done] = []
         for table in (self._waiting, self._running):
             gone = [
                 k
                 for k, s in table.items()
-                if s.entry.id in cancelled or s.entry.deadline_ms <= now_ms
+                if unwanted(s.entry.id, s.entry.reply_to) or s.entry.deadline_ms <= now_ms
             ]
             for key in gone:
                 seq = table.pop(key)
@@ -306,7 +306,7 @@ class GenerationLoop:
                 seq.family.ended = True
                 done.append((seq.held.stream, seq.held.entry_id))
                 metrics.cancelled_total.inc()
-                if seq.entry.id not in cancelled:
+                if not unwanted(seq.entry.id, seq.entry.reply_to):
                     message = f"deadline passed after {len(seq.generated)} generated tokens"
                     error = error_reply(seq.entry, 504, "deadline_exceeded", message, self._name)
                     replies.append(error)
