@@ -151,8 +151,10 @@ async def added_and_held(store: Store, stream: str) -> tuple[int, int] | None:
     stream is not there yet or the server does not count (the embedded store)."""
     try:
         info = await store.xinfo_stream(stream)
-    except ResponseError:  # no stream yet: nothing written, nothing lost
-        return None
+    except ResponseError as exc:
+        if "no such key" in str(exc).lower():  # no stream yet: nothing written, nothing lost
+            return None
+        raise
     added = info.get("entries-added")
     return None if added is None else (int(added), int(info["length"]))
 

@@ -120,11 +120,22 @@ def test_the_readme_acl_user_serves_and_cannot_flush_or_configure(
     admin = redis_client.Redis(port=server.port)
     admin.execute_command(*acl.split())
     url = f"redis://microbatch:password@127.0.0.1:{server.port}/0"
-    processes.start("worker", redis_url=url, model="noop")
-    gateway = processes.start("gateway", redis_url=url, model="noop")
+    quick = {"heartbeat_interval_ms": 200, "worker_stale_ms": 1000}
+    worker = processes.start("worker", redis_url=url, model="noop", **quick)
+    gateway = processes.start("gateway", redis_url=url, model="noop", **quick)
     wait_ready(gateway)
     r = httpx.post(f"{gateway.base_url}/v1/embeddings", json={"input": "x"}, timeout=30)
     assert r.status_code == 200, r.text
+
+    # The periodic commands (the gateway's reply-stream check, the worker's look at its
+    # peers) only log a failure: each must have run, and no log may hold a NOPERM.
+    def ran(command: str) -> int:
+        return admin.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0)
+
+    for command in ("xinfo|stream", "xinfo|consumers", "zrangebyscore"):
+        wait_until(lambda c=command: ran(c), 15, f"{command} allowed and run")
+    for proc in (worker, gateway):
+        assert "NOPERM" not in proc.output(), proc.output()[-2000:]
     limited = redis_client.Redis(port=server.port, username="microbatch", password="password")
     for forbidden in (("FLUSHALL",), ("CONFIG", "GET", "maxmemory"), ("KEYS", "*")):
         try:
