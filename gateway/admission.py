@@ -63,7 +63,8 @@ def admit(
 ) -> Admitted | Rejected:
     """Refuse fast, with a retry hint, rather than queue work that will only time out."""
     if state.live_workers == 0:
-        return Rejected("no_workers", "no live worker serves this model right now", 1.0)
+        message = "no live worker serves this model right now"
+        return Rejected("no_workers", message, 1.0, code="no_workers")  # not "queue full"
     if state.depth + n_inputs > max_queue_depth:
         message = (
             f"queue for this model holds {state.depth} inputs; adding {n_inputs} would exceed "

@@ -72,8 +72,9 @@ class ReplyRouter:
         self._ttl_s = ttl_s
         self._waiting: dict[str, asyncio.Future[Reply]] = {}
         self._streams: dict[str, Sink] = {}
-        self._rows: dict[str, int] = {}  # rows an awaited entry carries, where more than one
-        self._extra_rows = 0  # their sum, less one per entry
+        # entry id -> (its model, the rows it carries): what each model's waiters hold
+        self._holds: dict[str, tuple[str, int]] = {}
+        self._rows_by_model: dict[str, int] = {}
         self._answered: dict[str, float] = {}  # recently resolved ids, to tell duplicates apart
         self._last_id = "0-0"
         self._trimmed = "0-0"  # the last id deleted from the stream (read and handled)
@@ -81,28 +82,35 @@ class ReplyRouter:
         self._unpruned = 0  # of them, those still in the stream (the last read's)
         self._gone_before: int | None = None  # replies gone from the stream before it read
 
-    def expect(self, entry_id: str, rows: int = 1) -> asyncio.Future[Reply]:
+    def expect(self, entry_id: str, model: str, rows: int = 1) -> asyncio.Future[Reply]:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._waiting[entry_id] = future
-        if rows > 1:
-            self._rows[entry_id] = rows
-            self._extra_rows += rows - 1
+        self._hold(entry_id, model, rows)
         return future
 
-    def expect_stream(self, entry_id: str, queue: Sink) -> None:
+    def expect_stream(self, entry_id: str, queue: Sink, model: str) -> None:
         """Deliver every reply for `entry_id` into `queue` (one queue may serve many ids)."""
         self._streams[entry_id] = queue
+        self._hold(entry_id, model, 1)
+
+    def _hold(self, entry_id: str, model: str, rows: int) -> None:
+        if entry_id not in self._holds:
+            self._holds[entry_id] = (model, rows)
+            self._rows_by_model[model] = self._rows_by_model.get(model, 0) + rows
 
     def forget(self, entry_ids: list[str]) -> None:
         for entry_id in entry_ids:
             self._waiting.pop(entry_id, None)
             self._streams.pop(entry_id, None)
-            self._extra_rows -= self._rows.pop(entry_id, 1) - 1
+            held = self._holds.pop(entry_id, None)
+            if held is not None:
+                self._rows_by_model[held[0]] -= held[1]
 
-    @property
-    def waiting(self) -> int:
-        """Rows (an encoder entry's inputs, a generation's prompts) awaiting an answer."""
-        return len(self._waiting) + len(self._streams) + self._extra_rows
+    def waiting(self, model: str) -> int:
+        """Rows (an encoder entry's inputs, a generation's prompts) of `model` awaiting an
+        answer here: admission weighs a model's backlog, not every model's (the soak saw
+        chat refused against a bulk embedding in flight)."""
+        return self._rows_by_model.get(model, 0)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Read replies and resolve their waiters; each read first deletes what the one
@@ -215,8 +223,8 @@ class ReplyRouter:
             if not future.done():
                 future.set_exception(exc)
         self._waiting.clear()
-        self._rows.clear()
-        self._extra_rows = 0
+        self._holds.clear()
+        self._rows_by_model.clear()
         for queue in {id(q): q for q in self._streams.values()}.values():
             queue.put_nowait(exc)
         self._streams.clear()

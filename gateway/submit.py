@@ -46,7 +46,7 @@ def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeou
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
         # counted in rows: Redis counts entries, converted at this gateway's rows per entry
         admission.QueueState(
-            max(round(model.depth * per_entry), services.router.waiting),
+            max(round(model.depth * per_entry), services.router.waiting(model.info.name)),
             model.live_workers,
             rate and rate * per_entry,
         ),
@@ -90,7 +90,7 @@ async def submit(
     else:
         collector = Choices(entries.ids, choices)
         for entry_id in entries.ids:
-            router.expect_stream(entry_id, collector)
+            router.expect_stream(entry_id, collector, entries.model)
         futures = [collector.future]
     try:
         await services.enqueuer.add(entries.items)
@@ -119,7 +119,7 @@ async def submit(
 
 def _expect(router: ReplyRouter, entries: Entries) -> list[asyncio.Future]:
     rows = entries.rows or [1] * len(entries.ids)
-    return [router.expect(i, n) for i, n in zip(entries.ids, rows, strict=True)]
+    return [router.expect(i, entries.model, n) for i, n in zip(entries.ids, rows, strict=True)]
 
 
 def raise_if_error(reply: Answer | ErrorReply) -> Answer:

@@ -67,7 +67,7 @@ class _Relay:
         self.states = {(i, c): ChoiceState() for i in sub.ids for c in range(self.n)}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         for entry_id in sub.ids:
-            services.router.expect_stream(entry_id, self.queue)
+            services.router.expect_stream(entry_id, self.queue, sub.entries.model)
 
     def _data(self, choices: list, **extra: object) -> bytes:
         body = {

@@ -36,7 +36,7 @@ def test_a_waiter_whose_reply_was_deleted_unread_fails_now_not_at_its_deadline(
             router = ReplyRouter(store, STREAM, block_ms=50, ttl_s=60, keys=Keys("mb"))
             await store.xadd(STREAM, {"m": b"read and deleted by the gateway: no loss"})
             await _run_briefly(router)  # reads it (nobody waits for it), notes the counts
-            waiting = router.expect("e.1")
+            waiting = router.expect("e.1", "m")
             await _run_briefly(router)  # deletes what it read: still no loss
             clean = not waiting.done()
             await store.xadd(STREAM, {"m": b"never read"})

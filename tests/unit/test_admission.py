@@ -25,7 +25,7 @@ def test_a_full_queue_rejects_with_retry_after() -> None:
 def test_no_live_worker_rejects() -> None:
     decision = admit(QueueState(depth=0, live_workers=0), 1, 100)
     assert isinstance(decision, Rejected)
-    assert decision.reason == "no_workers"
+    assert (decision.reason, decision.code) == ("no_workers", "no_workers")
 
 
 def test_a_request_that_cannot_meet_its_deadline_is_refused_at_admission() -> None:

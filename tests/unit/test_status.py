@@ -23,6 +23,15 @@ def test_null_lag_falls_back_to_depth_minus_pending() -> None:
     assert (status.lag, status.lag_from_redis, status.oldest_age_s) == (6, False, None)
 
 
+def test_a_lag_past_what_the_stream_holds_is_not_believed() -> None:
+    """After a restart from its append-only file, Redis 7.0 reported a lag of 1,469 on an
+    empty stream (the soak): admission read it as a backlog and refused every request."""
+    status = bucket_status(128, GroupInfo(length=0, pending=0, lag=1469, oldest_ms=None), 3_000)
+    assert status.lag == 0
+    status = bucket_status(128, GroupInfo(length=10, pending=4, lag=50, oldest_ms=None), 3_000)
+    assert status.lag == 6
+
+
 # The metric contract of DESIGN.md section 2.
 DESIGN_METRICS = {
     "microbatch_requests_total": {"route", "model", "status"},
