@@ -30,7 +30,7 @@ from common.settings import Settings
 from common.store import close_store, open_store
 from tests.conftest import eventually
 from worker.compute_threads import ComputeThreads
-from worker.consumer import compose
+from worker.consumer import Consumer, compose
 from worker.generate.engine import GenerationEngine
 from worker.generate.loop import GenerationLoop
 from worker.triage import EntryLimits
@@ -98,24 +98,7 @@ async def _burst(
         await streams.add_requests(store, [(stream, encode(e)) for e in entries])
         await streams.cancel(store, keys, MODEL, list(cancelled), int(time.time() * 1000) + 60_000)
         _deliver(redis_url, stream, delivered)
-        limits = EntryLimits(
-            model=MODEL,
-            max_tokens=engine.context,
-            vocab_size=engine.vocab_size,
-            max_deliveries=3,
-            generates=True,
-        )
-        compute = ComputeThreads()
-        loops: list[GenerationLoop] = []
-
-        def make_loop(wiring):
-            loops.append(GenerationLoop(settings, wiring, engine, tokenizer, compute))
-            return loops[-1]
-
-        async def register() -> None:
-            return None
-
-        consumer = compose(settings, store, limits, NAME, make_loop, register, compute)
+        consumer, loops = _generation_worker(settings, store, engine, tokenizer)
         await asyncio.wait_for(consumer.run_until_idle(), 60)
         assert consumer.crashed is None
         replies: dict[str, list[GenerationChunk | ErrorReply]] = {}
@@ -131,6 +114,30 @@ async def _burst(
         )
     finally:
         await close_store(store)
+
+
+def _generation_worker(
+    settings: Settings, store, engine: GenerationEngine, tokenizer
+) -> tuple[Consumer, list[GenerationLoop]]:
+    """A generation worker composed as the CLI composes it, and (once built) its loop."""
+    limits = EntryLimits(
+        model=MODEL,
+        max_tokens=engine.context,
+        vocab_size=engine.vocab_size,
+        max_deliveries=3,
+        generates=True,
+    )
+    compute = ComputeThreads()
+    loops: list[GenerationLoop] = []
+
+    def make_loop(wiring):
+        loops.append(GenerationLoop(settings, wiring, engine, tokenizer, compute))
+        return loops[-1]
+
+    async def register() -> None:
+        return None
+
+    return compose(settings, store, limits, NAME, make_loop, register, compute), loops
 
 
 def _deliver(redis_url: str, stream: str, times: int) -> None:
@@ -257,24 +264,7 @@ def test_a_generation_for_a_gateway_that_left_stops_at_once(
             await streams.ensure_groups(store, [stream])
             await streams.keep_alive(store, keys, REPLY, 60, int(time.time() * 1000))
             await streams.add_requests(store, [(stream, encode(long))])
-            limits = EntryLimits(
-                model=MODEL,
-                max_tokens=engine.context,
-                vocab_size=engine.vocab_size,
-                max_deliveries=3,
-                generates=True,
-            )
-            compute = ComputeThreads()
-            loops: list[GenerationLoop] = []
-
-            def make_loop(wiring):
-                loops.append(GenerationLoop(settings, wiring, engine, tokenizer, compute))
-                return loops[-1]
-
-            async def register() -> None:
-                return None
-
-            consumer = compose(settings, store, limits, NAME, make_loop, register, compute)
+            consumer, loops = _generation_worker(settings, store, engine, tokenizer)
             stop = asyncio.Event()
             worker = asyncio.ensure_future(consumer.run(stop))
             await eventually(lambda: loops and loops[0].steps_run >= 5, 20, "generating")
