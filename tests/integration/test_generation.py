@@ -51,7 +51,13 @@ def served(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, 
 
 
 def metric(url: str, name: str) -> float:
+    """The sum of a metric's samples whose line starts with `name` (0 before any is
+    observed); a name the worker does not declare at all fails, so a renamed metric cannot
+    pass an `== 0` or a `before`/`after` difference silently."""
     text = httpx.get(url, timeout=5).text
+    family = re.sub(r"(_total|_count|_sum|_bucket)?(\{.*)?$", "", name)
+    declared = re.findall(r"^# TYPE (\S+) ", text, re.M)
+    assert family in declared or f"{family}_total" in declared, f"{name}: no such metric"
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
