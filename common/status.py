@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 from common import metrics, streams
+from common.clock import wall_ms
 from common.protocol import ModelInfo, ProtocolError, decode
 from common.store import Store
 
@@ -61,7 +61,7 @@ def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketSt
 async def model_status(
     store: Store, keys: streams.Keys, name: str, kind: str, buckets: list[int], stale_ms: int
 ) -> ModelStatus:
-    now_ms = int(time.time() * 1000)
+    now_ms = wall_ms()
     rows = []
     for bucket in buckets:
         info = await streams.group_info(store, keys.request(name, bucket))

@@ -9,7 +9,6 @@ computes answers nobody reads; past its deadline a worker drops an entry by itse
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -30,10 +29,6 @@ from gateway.services import Services
 from gateway.waiting import await_replies
 
 Answer = EmbeddingResult | GenerationChunk
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:

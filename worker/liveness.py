@@ -142,13 +142,8 @@ class Liveness:
         registry forgets it) and its stream is empty, its stream and entry are deleted."""
         if not self._affine:
             return []
-        now = wall_ms()
-        stale_ms = self._settings.worker_stale_ms
-        live = {
-            peer
-            for peer, beat in await streams.worker_beats(self._store, self._keys, self._model)
-            if beat >= now - stale_ms
-        }
+        now, stale_ms = wall_ms(), self._settings.worker_stale_ms
+        live = await self.live_peers()
         loads = await streams.worker_loads(self._store, self._keys, self._model)
         out = []
         for peer, report in loads.items():

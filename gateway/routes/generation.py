@@ -15,6 +15,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
+from common.clock import wall_ms
 from common.errors import ContextLengthExceeded, InvalidRequest
 from common.protocol import (
     MAX_STOP_SEQUENCES,
@@ -37,7 +38,7 @@ from gateway.routes.sampling import (
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
-from gateway.submit import Entries, admit_or_refuse, now_ms, submit
+from gateway.submit import Entries, admit_or_refuse, submit
 
 MAX_STOP_CHARS = 256
 
@@ -112,7 +113,7 @@ def _entries(
     ask: _Ask,
     shape: Shape,
 ) -> Submitted:
-    start_ms = now_ms()
+    start_ms = wall_ms()
     deadline_ms = start_ms + ask.timeout_ms
     base = services.next_id()
     stops = _stops(req)

@@ -16,10 +16,11 @@ import orjson
 from fastapi.responses import Response
 
 from common.buckets import parts
+from common.clock import wall_ms
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
-from gateway.submit import Entries, admit_or_refuse, now_ms, submit
+from gateway.submit import Entries, admit_or_refuse, submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ class _Parts:
             self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
         )
         self._request_id = call.request_id
-        start_ms = now_ms()
+        start_ms = wall_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
         self._timeout_ms = call.timeout_ms
         self._base, self._priority = self._services.next_id(), call.priority
