@@ -296,7 +296,9 @@ class Settings(BaseSettings):
         description="sequences over the least loaded worker past which affinity yields",
     )
     cancel_poll_ms: int = Field(
-        default=100, gt=0, description="how often workers read the cancel set (clients that left)"
+        default=100,
+        gt=0,
+        description="how often workers ask the cancel set about the entries they hold",
     )
     # Embedding models
     matryoshka: bool | None = Field(

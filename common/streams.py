@@ -339,10 +339,18 @@ async def cancel(store: Store, keys: Keys, model: str, ids: Sequence[str], until
         await store.zadd(keys.cancel(model), dict.fromkeys(ids, until_ms))
 
 
-async def cancelled(store: Store, keys: Keys, model: str, now_ms: int) -> set[str]:
-    """Entry ids cancelled and not yet expired; forgets the expired ones."""
+async def cancelled_among(
+    store: Store, keys: Keys, model: str, entry_ids: Sequence[str], now_ms: int
+) -> set[str]:
+    """Which of these entries are cancelled, asked by id (`ZMSCORE`): the cost follows what a
+    worker holds, not how many cancellations the set has (the set was read whole every
+    poll: 35 ms at 100k ids). Expired cancellations are forgotten on the way; a
+    cancellation only lives until its entry's deadline, which the operator caps."""
     pipe = pipeline(store)
     pipe.zremrangebyscore(keys.cancel(model), 0, now_ms)
-    pipe.zrangebyscore(keys.cancel(model), now_ms, "+inf")
-    _, ids = await pipe.execute()
-    return {as_text(i) for i in ids or []}
+    if entry_ids:
+        pipe.zmscore(keys.cancel(model), list(entry_ids))
+    answers = await pipe.execute()
+    if not entry_ids:
+        return set()
+    return {i for i, score in zip(entry_ids, answers[1], strict=True) if score is not None}

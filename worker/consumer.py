@@ -99,6 +99,7 @@ def compose(
         register=register,
         load=lambda: loop.held,
         hung=loop.hung,
+        held_ids=leases.entry_ids,
         affine=affine(settings, limits),
         clock=clock,
     )

@@ -29,7 +29,8 @@ class Inbox:
         self._wake.set()
 
     def post_cancelled(self, ids: set[str]) -> None:
-        """The whole cancel set as last read; the loop wakes only when it grew."""
+        """The held entries found cancelled at the last poll; the loop wakes only when that
+        grew."""
         if ids != self.cancelled:
             self.version += 1
         if ids - self.cancelled:

@@ -21,7 +21,7 @@ from common import metrics, streams
 from common.backoff import Backoff, until_ok
 from common.buckets import bucket_for
 from common.clock import wall_ms
-from common.protocol import DeadLetter, encode
+from common.protocol import DeadLetter, RequestEntry, encode
 from common.settings import Settings
 from common.store import Store
 from worker import triage
@@ -63,6 +63,7 @@ class Intake:
         self.store = store
         self.name = name
         self.model = limits.model
+        self._keys = streams.Keys(settings.prefix)
         self.streams = request_streams(settings, limits, name)
         self._limits = limits
         self._loop = loop
@@ -129,22 +130,19 @@ class Intake:
         return len(read)
 
     async def accept(self, read: Sequence[streams.StreamEntry], deliveries: dict[str, int]) -> None:
-        """Hand the loop what may run; answer, dead-letter and ack what may not."""
+        """Hand the loop what may run; answer, dead-letter and ack what may not. An entry
+        cancelled before it was read is acked unseen: it costs the loop nothing."""
         now_ms = wall_ms()
         replies: list[Reply] = []
         done: list[Done] = []
-        buckets = self.settings.buckets
+        runnable: list[tuple[streams.StreamEntry, RequestEntry]] = []
         for item in read:
             if (item.stream, item.entry_id) in self._leases:
                 continue  # our own entry, idle only because it waits here: already held
             count = deliveries.get(item.entry_id, 1)
             decision = triage.decide(item.payload, count, now_ms, self._limits)
             if isinstance(decision, triage.Process):
-                entry = decision.entry
-                # Prompts past the largest bucket share it; embedding inputs never get there.
-                bucket = bucket_for(entry.longest, buckets) or buckets[-1]
-                self._leases.take((item.stream, item.entry_id))
-                self._loop.hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
+                runnable.append((item, decision.entry))
                 continue
             done.append((item.stream, item.entry_id))
             if isinstance(decision, triage.Reject):
@@ -155,8 +153,31 @@ class Intake:
                 )
             else:
                 await self._dead_letter(item, count, decision, replies)
+        cancelled = await self._cancelled([entry.id for _, entry in runnable], now_ms)
+        buckets = self.settings.buckets
+        for item, entry in runnable:
+            if entry.id in cancelled:
+                done.append((item.stream, item.entry_id))
+                continue
+            # Prompts past the largest bucket share it; embedding inputs never get there.
+            bucket = bucket_for(entry.longest, buckets) or buckets[-1]
+            self._leases.take((item.stream, item.entry_id), entry.id)
+            self._loop.hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
         if replies or done:
             await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
+
+    async def _cancelled(self, entry_ids: list[str], now_ms: int) -> set[str]:
+        """Those of `entry_ids` whose clients already left; none if Redis cannot say (the
+        loop still drops them when the liveness part's next poll finds them)."""
+        if not entry_ids:
+            return set()
+        try:
+            return await streams.cancelled_among(
+                self.store, self._keys, self.model, entry_ids, now_ms
+            )
+        except RedisError as exc:
+            log.warning("reading cancellations failed: %s", exc)
+            return set()
 
     async def _dead_letter(
         self,
@@ -182,7 +203,7 @@ class Intake:
             payload=item.payload or b"",
             worker=self.name,
         )
-        dead = streams.Keys(self.settings.prefix).dead(self.model)
+        dead = self._keys.dead(self.model)
         await streams.dead_letter(
             self.store,
             dead,

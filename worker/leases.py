@@ -3,8 +3,9 @@
 Plain bookkeeping shared by three parts, each in one direction: the intake takes a lease
 when it hands an entry to the loop, the publisher releases it once the entry is acked (or
 given up, for a peer to reclaim), and the reclaimer renews every lease still held, so a
-slow but alive worker keeps its work. An entry id can repeat across streams, so a lease is
-the pair (stream, entry id).
+slow but alive worker keeps its work. A stream entry id can repeat across streams, so a
+lease is the pair (stream, stream entry id); each also remembers the request entry's own
+id, which is what the gateway cancels by.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ Lease = tuple[str, str]  # (request stream, entry id)
 
 class Leases:
     def __init__(self) -> None:
-        self._held: set[Lease] = set()
+        self._held: dict[Lease, str] = {}  # lease -> the request entry's id
 
-    def take(self, lease: Lease) -> None:
-        self._held.add(lease)
+    def take(self, lease: Lease, entry_id: str) -> None:
+        self._held[lease] = entry_id
 
     def release(self, leases: Iterable[Lease]) -> None:
-        self._held.difference_update(leases)
+        for lease in leases:
+            self._held.pop(lease, None)
+
+    def entry_ids(self) -> list[str]:
+        """The request entries' ids held: what the cancel set is asked about."""
+        return list(self._held.values())
 
     def __contains__(self, lease: object) -> bool:
         return lease in self._held

@@ -3,9 +3,10 @@
 It beats (the worker's sorted-set entry, its load for cache-aware routing, the `/healthz`
 timestamp) only while the loop makes progress, so a hung batch fails readiness and peers
 reclaim its entries; registers the model again when Redis lost it; reads the operator's live
-batching settings and the model's cancel set and posts both to the loop's inbox; finds the
-affinity streams of peers that died; and deregisters at the end. It asks the loop only two
-questions, given as callables: how much it holds (`load`) and whether it is stuck (`hung`).
+batching settings, and asks the model's cancel set about the entries held, posting both to
+the loop's inbox; finds the affinity streams of peers that died; and deregisters at the end.
+It asks three questions, given as callables: how much the loop holds (`load`), whether it
+is stuck (`hung`) and which request entries are held (`held_ids`, from the leases).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Liveness:
         register: Callable[[], Awaitable[None]],
         load: Callable[[], int],
         hung: Callable[[], bool],
+        held_ids: Callable[[], list[str]],
         affine: bool,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -52,6 +54,7 @@ class Liveness:
         self._register = register
         self._load = load
         self._hung = hung
+        self._held_ids = held_ids
         self._affine = affine  # reports its load and drains dead peers' affinity streams
         self._clock = clock
         self._last_beat_s = -float("inf")
@@ -114,7 +117,7 @@ class Liveness:
     # ---- cancellation ----------------------------------------------------------------------
 
     async def watch_cancellations(self, stop: asyncio.Event) -> None:
-        """Poll the model's cancel set: entries whose clients left or whose deadline passed."""
+        """Poll the model's cancel set about the entries held: those whose clients left."""
         period_s = self._settings.cancel_poll_ms / 1000
         while not stop.is_set():
             await self.poll_cancellations()
@@ -122,7 +125,9 @@ class Liveness:
 
     async def poll_cancellations(self) -> None:
         try:
-            ids = await streams.cancelled(self._store, self._keys, self._model, wall_ms())
+            ids = await streams.cancelled_among(
+                self._store, self._keys, self._model, self._held_ids(), wall_ms()
+            )
         except RedisError as exc:
             log.warning("reading cancellations failed: %s", exc)
             ids = set()
