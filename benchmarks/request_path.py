@@ -94,6 +94,8 @@ async def _measure(requests: int) -> list[dict[str, None]]:
         worker_stale_ms=600_000,
         cancel_poll_ms=60_000,
         claim_idle_ms=600_000,
+        request_timeout_ms=600_001,
+        max_request_timeout_ms=600_001,
         read_block_ms=1000,
     )
     store = open_store(settings)

@@ -8,6 +8,7 @@
     │   ├── RouteNotFound          404  no such path
     │   └── MethodNotAllowed       405  the path exists, the method does not
     ├── Unauthorized               401  missing or wrong API key
+    ├── PermissionDenied           403  this key may not ask for that (interactive priority)
     ├── ModelNotFound              404  no worker has registered that model
     ├── RateLimited                429  this API key is over its rate (Retry-After)
     ├── ClientGone                 499  the client left before its answer (nginx's code)
@@ -31,6 +32,7 @@ from typing import Any
 OPENAI_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
@@ -106,6 +108,10 @@ class MethodNotAllowed(InvalidRequest):
 
 class Unauthorized(MicrobatchError):
     status, code = 401, "invalid_api_key"
+
+
+class PermissionDenied(MicrobatchError):
+    status, code = 403, "permission_denied"
 
 
 class ModelNotFound(MicrobatchError):

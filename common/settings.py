@@ -10,8 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from common.message_checks import MAX_ENTRY_ROWS
 from common.settings_checks import MAX_MODEL_ALIASES, inconsistency
+from common.settings_gateway import GatewaySettings
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -23,8 +23,9 @@ def _split_commas(value: object) -> object:
     return value
 
 
-class Settings(BaseSettings):
-    """Built once at start-up and passed down; nothing else reads the environment."""
+class Settings(GatewaySettings, BaseSettings):
+    """Built once at start-up and passed down; nothing else reads the environment. The
+    gateway's settings are declared in common/settings_gateway.py, to keep each file short."""
 
     model_config = SettingsConfigDict(env_prefix="MICROBATCH_", frozen=True, extra="forbid")
 
@@ -46,89 +47,6 @@ class Settings(BaseSettings):
     prefix: str = Field(default="mb", description="key prefix of every stream and key")
     redis_socket_timeout_s: float = Field(
         default=5.0, description="socket timeout of every Redis connection"
-    )
-
-    # Gateway
-    host: str = Field(
-        default="127.0.0.1",
-        description="gateway bind address (a worker's `metrics_port` listens on it too)",
-    )
-    port: int = Field(default=8000, ge=0, le=65535, description="gateway port")
-    allow_unauthenticated: bool = Field(
-        default=False,
-        description="let a gateway listen beyond loopback with no `api_keys` (logged at every "
-        "start); without it such a start is refused",
-    )
-    api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="accepted `Authorization: Bearer` keys; empty = no auth"
-    )
-    rate_limit_per_key: float = Field(
-        default=0.0,
-        ge=0,
-        description="per-key token bucket: requests/s sustained, 429 over it; 0 = off",
-    )
-    rate_limit_burst: int = Field(
-        default=20, gt=0, description="per-key token bucket: requests at once"
-    )
-    request_timeout_ms: int = Field(
-        default=30_000, gt=0, description="default deadline (`X-Microbatch-Timeout-Ms` overrides)"
-    )
-    max_request_timeout_ms: int = Field(
-        default=600_000,
-        gt=0,
-        description="the longest deadline a client may ask for with `X-Microbatch-Timeout-Ms` "
-        "(a generation may hold a worker that long); longer is a 400",
-    )
-    max_sequences_per_request: int = Field(
-        default=256,
-        gt=0,
-        description="sequences one generation request may start (prompts x `best_of` or "
-        "`n`); more is a 400, so one request cannot take a model's whole queue",
-    )
-    max_queue_depth: int = Field(
-        default=4096, gt=0, description="per model: above it, 503 with `Retry-After`"
-    )
-    max_body_bytes: int = Field(
-        default=4 * 1024 * 1024,
-        gt=0,
-        description="request body limit; 413 above it, chunked bodies too",
-    )
-    max_inputs_per_request: int = Field(
-        default=2048, gt=0, description="inputs in one embeddings request"
-    )
-    max_entry_rows: int = Field(
-        default=256,
-        gt=0,
-        le=MAX_ENTRY_ROWS,
-        description=f"rows one queue entry carries (at most {MAX_ENTRY_ROWS}): a request's "
-        "inputs of one length bucket travel together, split evenly into entries of at most "
-        "this many, so a bulk request costs a few Redis commands and still spreads over "
-        "several workers; larger requests are tokenized a block of this many texts at a time, "
-        "each block queued as it is ready",
-    )
-    # A thread hop costs more than tokenizing a short text does.
-    inline_tokenize_chars: int = Field(
-        default=2048,
-        ge=0,
-        description="shorter texts are tokenized inline, longer ones on a thread",
-    )
-    gateway_id: str | None = Field(
-        default=None,
-        description="reply-stream name; unique per process",
-        json_schema_extra={"default_doc": "host + pid"},
-    )
-    reply_maxlen: int = Field(
-        default=10_000,
-        gt=0,
-        description="workers' safety bound on a reply stream's length (approximate); its "
-        "gateway deletes each reply once read, so a stream holds only unread replies",
-    )
-    processes: int = Field(
-        default=1,
-        ge=1,
-        description="gateway processes on one port (`gateway` and `serve`; SO_REUSEPORT), "
-        "each its own event loop and reply stream, "
-        "see [operations.md](operations.md#gateway-processes)",
     )
 
     # Worker
@@ -175,8 +93,9 @@ class Settings(BaseSettings):
         description="rows a worker holds to sort by length; fewer where it could not "
         "start them within `latency_slo_ms` (at least a full batch per compute stream)",
     )
+    # Leases are renewed every third of it: every 2 s by default (issue 34, item 6).
     claim_idle_ms: int = Field(
-        default=30_000,
+        default=6_000,
         gt=0,
         description="an entry pending this long is reclaimed from its (dead) worker",
     )
@@ -336,7 +255,9 @@ class Settings(BaseSettings):
         "line, with `request_id`) or `text`",
     )
 
-    @field_validator("buckets", "api_keys", "served_model_name", mode="before")
+    @field_validator(
+        "buckets", "api_keys", "interactive_api_keys", "served_model_name", mode="before"
+    )
     @classmethod
     def _parse_lists(cls, value: object) -> object:
         return _split_commas(value)

@@ -59,6 +59,15 @@ class Checked(Protocol):
     @property
     def gateway_stale_ms(self) -> int: ...
 
+    @property
+    def claim_idle_ms(self) -> int: ...
+
+    @property
+    def max_tokens_per_request(self) -> int: ...
+
+    @property
+    def max_queued_tokens(self) -> int: ...
+
 
 def _check_cluster_url(url: str | None) -> None:
     """A cluster needs a node to start from, and has only database 0."""
@@ -71,25 +80,56 @@ def _check_cluster_url(url: str | None) -> None:
 
 def inconsistency(s: Checked) -> str | None:
     """The first combination of `s` that cannot work, said as what to change; or None."""
-    if s.read_block_ms >= s.redis_socket_timeout_s * 1000:
-        # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
-        return "read_block_ms must stay below redis_socket_timeout_s"
     if s.redis_cluster:
         _check_cluster_url(s.redis_url)
-    if s.quantize == "int8" and s.backend != "onnx":
-        return "quantize int8 needs backend onnx"
-    if s.dtype != "float32" and s.backend != "torch":
-        # the exported graph is float32: a half-precision ask would be silently ignored
-        return f"dtype {s.dtype} needs backend torch (onnx runs float32)"
-    if s.backend != "torch" and s.device != "cpu":
-        # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
-        return f"backend {s.backend} runs on the CPU; use backend torch"
-    if len(s.served_model_name) > 1 + MAX_MODEL_ALIASES:
-        return f"served_model_name takes at most {1 + MAX_MODEL_ALIASES} names"
-    if s.max_batch_tokens < s.buckets[-1]:
-        return "max_batch_tokens must hold at least one entry of the largest bucket"
-    if s.request_timeout_ms > s.max_request_timeout_ms:
-        return "request_timeout_ms must not exceed max_request_timeout_ms"
-    if s.gateway_stale_ms < GATEWAY_BEAT_MS * 2:
-        return f"gateway_stale_ms must be at least {GATEWAY_BEAT_MS * 2} (gateways beat every 5 s)"
+    for broken, message in _rules(s):
+        if broken:
+            return message
     return None
+
+
+def _rules(s: Checked) -> list[tuple[bool, str]]:
+    """Each combination that cannot work, with what to change."""
+    return [
+        # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
+        (
+            s.read_block_ms >= s.redis_socket_timeout_s * 1000,
+            "read_block_ms must stay below redis_socket_timeout_s",
+        ),
+        (s.quantize == "int8" and s.backend != "onnx", "quantize int8 needs backend onnx"),
+        # the exported graph is float32: a half-precision ask would be silently ignored
+        (
+            s.dtype != "float32" and s.backend != "torch",
+            f"dtype {s.dtype} needs backend torch (onnx runs float32)",
+        ),
+        # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
+        (
+            s.backend != "torch" and s.device != "cpu",
+            f"backend {s.backend} runs on the CPU; use backend torch",
+        ),
+        (
+            len(s.served_model_name) > 1 + MAX_MODEL_ALIASES,
+            f"served_model_name takes at most {1 + MAX_MODEL_ALIASES} names",
+        ),
+        (
+            s.max_batch_tokens < s.buckets[-1],
+            "max_batch_tokens must hold at least one entry of the largest bucket",
+        ),
+        (
+            s.request_timeout_ms > s.max_request_timeout_ms,
+            "request_timeout_ms must not exceed max_request_timeout_ms",
+        ),
+        # a stuck entry would reach a peer only after its client had given up (issue 34)
+        (
+            s.claim_idle_ms >= s.request_timeout_ms,
+            "claim_idle_ms must be below request_timeout_ms",
+        ),
+        (
+            s.max_tokens_per_request > s.max_queued_tokens,
+            "max_tokens_per_request must not exceed max_queued_tokens (it could never queue)",
+        ),
+        (
+            s.gateway_stale_ms < GATEWAY_BEAT_MS * 2,
+            f"gateway_stale_ms must be at least {GATEWAY_BEAT_MS * 2} (gateways beat every 5 s)",
+        ),
+    ]

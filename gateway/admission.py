@@ -24,25 +24,37 @@ class QueueState:
             raise ValueError("a measured service rate is positive; report None when unknown")
 
 
-class RowsPerEntry:
-    """Mean rows per queue entry, per model, over this gateway's recent requests.
+class PerModelMean:
+    """A moving mean of one ratio per model, over this gateway's recent requests.
 
     Redis counts entries (XLEN, entries read) while admission counts rows (an embedding
-    request's inputs travel several to an entry); the gateway converts with what it sent.
+    request's inputs travel several to an entry) and, for generation, tokens (a sequence
+    costs its prompt plus its `max_tokens`); the gateway converts with what it sent: rows
+    per entry, tokens per sequence.
     """
 
     WEIGHT = 0.05  # of each request in the moving mean
 
-    def __init__(self) -> None:
+    def __init__(self, default: float | None) -> None:
         self._mean: dict[str, float] = {}
+        self._default = default
 
-    def observe(self, model: str, rows: int, entries: int) -> None:
-        if entries:
-            mean = self._mean.get(model, rows / entries)
-            self._mean[model] = mean + self.WEIGHT * (rows / entries - mean)
+    def observe(self, model: str, amount: float, count: int) -> None:
+        if count:
+            mean = self._mean.get(model, amount / count)
+            self._mean[model] = mean + self.WEIGHT * (amount / count - mean)
 
-    def of(self, model: str) -> float:
-        return self._mean.get(model, 1.0)
+    def of(self, model: str) -> float | None:
+        return self._mean.get(model, self._default)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenAsk:
+    """What a generation request adds in tokens, against the model's token budget."""
+
+    tokens: int  # prompt + max_tokens over every sequence it starts
+    tokens_per_row: float  # the backlog's tokens per sequence (a `PerModelMean`)
+    max_queued_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +71,15 @@ class Rejected:
 
 
 def admit(
-    state: QueueState, n_inputs: int, max_queue_depth: int, timeout_ms: int | None = None
+    state: QueueState,
+    n_inputs: int,
+    max_queue_depth: int,
+    timeout_ms: int | None = None,
+    tokens: TokenAsk | None = None,
 ) -> Admitted | Rejected:
-    """Refuse fast, with a retry hint, rather than queue work that will only time out."""
+    """Refuse fast, with a retry hint, rather than queue work that will only time out. Rows
+    bound every model's queue; a generation model's is bounded in tokens too, since one
+    sequence may cost a 4-token prompt or a whole context."""
     if state.live_workers == 0:
         message = "no live worker serves this model right now"
         return Rejected("no_workers", message, 1.0, code="no_workers")  # not "queue full"
@@ -71,6 +89,15 @@ def admit(
             f"max_queue_depth {max_queue_depth}"
         )
         return Rejected("queue_full", message, 1.0)
+    if tokens is not None:
+        backlog = round(state.depth * tokens.tokens_per_row)
+        if backlog + tokens.tokens > tokens.max_queued_tokens:
+            message = (
+                f"queue for this model holds about {backlog} tokens (prompts + max_tokens); "
+                f"adding {tokens.tokens} would exceed max_queued_tokens "
+                f"{tokens.max_queued_tokens}"
+            )
+            return Rejected("queue_full", message, 1.0)
     if timeout_ms is not None and state.service_rate_per_s is not None:
         return _feasible(state.depth, n_inputs, state.service_rate_per_s, timeout_ms)
     return Admitted()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Sequence
 
-from common.errors import Unauthorized
+from common.errors import PermissionDenied, Unauthorized
 
 
 def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
@@ -22,6 +22,20 @@ def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
     if matched is None:
         raise Unauthorized("invalid API key")
     return matched
+
+
+def check_interactive(key: str | None, allowed: Sequence[str]) -> None:
+    """Interactive priority jumps every batch request's queue, so with API keys set only the
+    keys the operator lists may ask for it (`*`: every key). With no keys there is no one to
+    tell apart: a gateway listens beyond loopback that way only by explicit choice."""
+    if key is None or "*" in allowed:
+        return
+    # every listed key compared, as check_api_key does: the time says nothing about the list
+    if not any([hmac.compare_digest(key.encode(), k.encode()) for k in allowed]):
+        raise PermissionDenied(
+            "this API key may not send X-Microbatch-Priority: interactive (interactive_api_keys)",
+            param="X-Microbatch-Priority",
+        )
 
 
 class RateLimiter:

@@ -36,7 +36,7 @@ from common.errors import (
     ServiceUnavailable,
 )
 from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ModelKind
-from gateway.auth import check_api_key
+from gateway.auth import check_api_key, check_interactive
 from gateway.catalog import ModelEntry
 from gateway.services import Services
 
@@ -129,22 +129,28 @@ async def api_call(
 
 def read_call(request: Request, services: Services, route: str, tally: _Tally) -> Call:
     """Every header, the cheapest mistakes first: request id, key and rate limit (401,
-    429), then the timeout and priority (400)."""
+    429), then the timeout and priority (400, and 403 for a key that may not ask for
+    interactive)."""
     headers = request.headers
     request_id = request_id_of(headers.get("x-request-id"))
     tally.request_id = request_id
     key = authorize(services, headers.get("authorization"))
     receive = request.receive
+    settings = services.settings
+    timeout_ms = timeout_ms_of(
+        headers.get("x-microbatch-timeout-ms"),
+        settings.request_timeout_ms,
+        settings.max_request_timeout_ms,
+    )
+    priority = priority_of(headers.get("x-microbatch-priority"))
+    if priority == PRIORITY_INTERACTIVE:
+        check_interactive(key, settings.interactive_api_keys)
     return Call(
         route=route,
         request_id=request_id,
         key=key,
-        timeout_ms=timeout_ms_of(
-            headers.get("x-microbatch-timeout-ms"),
-            services.settings.request_timeout_ms,
-            services.settings.max_request_timeout_ms,
-        ),
-        priority=priority_of(headers.get("x-microbatch-priority")),
+        timeout_ms=timeout_ms,
+        priority=priority,
         session=headers.get("x-microbatch-session"),
         disconnected=lambda: _disconnected(receive),
     )

@@ -17,7 +17,7 @@ from common.protocol import ModelInfo, ModelKind
 from common.settings import Settings
 from common.store import Store
 from common.tasks import OnDeath
-from gateway.admission import RowsPerEntry
+from gateway.admission import PerModelMean
 from gateway.affinity import AffinityRouter, names_of
 from gateway.auth import RateLimiter
 from gateway.catalog import Catalog
@@ -42,7 +42,8 @@ class Services:
             keys=self.keys,
         )
         self.enqueuer = Enqueuer(store)
-        self.entry_rows = RowsPerEntry()
+        self.entry_rows = PerModelMean(default=1.0)  # rows per request entry
+        self.sequence_tokens = PerModelMean(default=None)  # prompt + max_tokens per sequence
         self.canceller = Canceller(store, self.keys)
         self.tokenize = TokenizePool(settings.inline_tokenize_chars)
         self.limiter = (

@@ -31,23 +31,33 @@ from gateway.waiting import await_replies
 Answer = EmbeddingResult | GenerationChunk
 
 
-def admit_or_refuse(services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int) -> None:
-    """Raise Overloaded (503, Retry-After) unless `n_inputs` more rows may be queued;
+def admit_or_refuse(
+    services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int, tokens: int = 0
+) -> None:
+    """Raise Overloaded (503, Retry-After) unless `n_inputs` more rows (and, for a
+    generation request, `tokens` more prompt + max_tokens) may be queued;
     ServiceUnavailable when this gateway can no longer receive answers."""
     if not services.alive:
         raise ServiceUnavailable("a gateway background task died; see /healthz", retry_after_s=1.0)
-    per_entry, rate = services.entry_rows.of(model.info.name), model.service_rate_per_s
+    name, settings = model.info.name, services.settings
+    per_entry, rate = services.entry_rows.of(name) or 1.0, model.service_rate_per_s
+    ask = None
+    if tokens:
+        services.sequence_tokens.observe(name, tokens, n_inputs)
+        per_row = services.sequence_tokens.of(name) or tokens / max(1, n_inputs)
+        ask = admission.TokenAsk(tokens, per_row, settings.max_queued_tokens)
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.
         # counted in rows: Redis counts entries, converted at this gateway's rows per entry
         admission.QueueState(
-            max(round(model.depth * per_entry), services.router.waiting(model.info.name)),
+            max(round(model.depth * per_entry), services.router.waiting(name)),
             model.live_workers,
             rate and rate * per_entry,
         ),
         n_inputs,
-        services.settings.max_queue_depth,
+        settings.max_queue_depth,
         timeout_ms,
+        ask,
     )
     if isinstance(decision, admission.Rejected):
         metrics.rejected_total.labels(decision.reason).inc()

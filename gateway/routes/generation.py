@@ -186,8 +186,7 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     call = parsed.call
     request_id = call.request_id
     prompts = await prepare(services, model, req)
-    check_min_tokens(req, prompts.new_tokens)
-    check_sequences(len(prompts.ids), req.candidates, services.settings.max_sequences_per_request)
+    tokens = _within_limits(services, req, prompts)
     answer_format, schema = req.response_format, schema_text(req)
     if (
         answer_format is not None
@@ -197,7 +196,7 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         # a schema's first compile (up to tens of ms) on a tokenizer thread, not the loop;
         # remembered, so sampling_fields below finds it compiled
         await services.tokenize.on_pool(grammar_problem, answer_format.type, schema)
-    admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms)
+    admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
     ask = _Ask(request_id, call.priority, call.timeout_ms, session)
     shape = Shape(
@@ -230,6 +229,29 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         },
         media_type="application/json",
     )
+
+
+def _within_limits(services: Services, req: Any, prompts: Prompts) -> int:
+    """Check what one request may ask for; the tokens it asks for (prompts + max_tokens)."""
+    check_min_tokens(req, prompts.new_tokens)
+    settings = services.settings
+    check_sequences(len(prompts.ids), req.candidates, settings.max_sequences_per_request)
+    tokens = req.candidates * sum(
+        len(ids) + new for ids, new in zip(prompts.ids, prompts.new_tokens, strict=True)
+    )
+    check_tokens(tokens, settings.max_tokens_per_request)
+    return tokens
+
+
+def check_tokens(tokens: int, limit: int) -> None:
+    """One request asks for at most `limit` tokens (prompts + `max_tokens`, every sequence):
+    `max_tokens` is otherwise bounded only by the context (issue 34)."""
+    if tokens > limit:
+        raise InvalidRequest(
+            f"this request asks for {tokens} tokens (prompt + max_tokens over every sequence); "
+            f"one request may ask for at most {limit} (max_tokens_per_request)",
+            param="max_tokens",
+        )
 
 
 def check_sequences(prompts: int, per_prompt: int, limit: int) -> None:

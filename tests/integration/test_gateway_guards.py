@@ -146,3 +146,30 @@ def test_the_readme_acl_user_serves_and_cannot_flush_or_configure(
     limited.close()
     admin.close()
     server.kill()
+
+
+def test_only_keys_the_operator_lists_may_ask_for_interactive_priority(
+    redis_url: str, processes: Processes
+) -> None:
+    settings = {
+        "redis_url": redis_url,
+        "model": "noop",
+        "api_keys": "fast,slow",
+        "interactive_api_keys": "fast",
+    }
+    processes.start("worker", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    url = f"{gateway.base_url}/v1/embeddings"
+
+    def post(key: str, priority: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {key}", "X-Microbatch-Priority": priority}
+        return httpx.post(url, json={"input": "x"}, headers=headers, timeout=30)
+
+    refused = post("slow", "interactive")
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert (error["type"], error["code"]) == ("permission_error", "permission_denied")
+    assert error["param"] == "X-Microbatch-Priority" and "slow" not in refused.text
+    assert post("fast", "interactive").status_code == 200
+    assert post("slow", "batch").status_code == 200

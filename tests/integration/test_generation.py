@@ -418,3 +418,32 @@ def test_a_chats_next_turn_is_served_from_the_prefix_cache_and_says_so(
     assert hits == computed // 16 * 16
     assert metric(metrics_url, "microbatch_prefix_cache_queried_tokens_total") >= len(history)
     assert second["choices"][0]["token_ids"] == reference_greedy(tiny_model, [history], [8])[0]
+
+
+def test_a_generation_queue_admits_by_tokens_and_one_request_asks_for_a_bounded_number(
+    redis_url: str, processes: Processes, tiny_model: Path
+) -> None:
+    limits = {"max_tokens_per_request": 700, "max_queued_tokens": 1500}
+    settings = {"redis_url": redis_url, "model": tiny_model, **limits}
+    processes.start("worker", **settings)
+    gateway = processes.start("gateway", **settings)
+    wait_ready(gateway)
+    base = gateway.base_url
+    body = {"prompt": [5, 6, 7, 8], "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+    too_many = httpx.post(f"{base}/v1/completions", json={**body, "n": 3}, timeout=30)
+    assert too_many.status_code == 400, too_many.text  # 3 x 304 tokens: past 700
+    error = too_many.json()["error"]
+    assert error["param"] == "max_tokens" and "max_tokens_per_request" in error["message"]
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+            calls = [client.post("/v1/completions", json=body) for _ in range(10)]
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(burst())  # 304 tokens each: four fit in 1,500, ten do not
+    statuses = sorted(r.status_code for r in answers)
+    assert 200 in statuses and 503 in statuses, statuses
+    refused = next(r for r in answers if r.status_code == 503)
+    assert "max_queued_tokens 1500" in refused.json()["error"]["message"]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert statuses.count(200) <= 5, statuses  # never far past the budget

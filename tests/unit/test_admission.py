@@ -182,3 +182,28 @@ def test_a_rush_of_expired_entries_being_skipped_does_not_pass_for_capacity() ->
         read += 600 if t == 5 else 20
         seen = rate.observe(float(t), {128: read}, backlog=True)
     assert seen == 20.0
+
+
+def test_a_generation_queue_is_bounded_in_tokens_as_well_as_rows() -> None:
+    from gateway.admission import TokenAsk
+
+    state = QueueState(depth=10, live_workers=1)  # ten sequences, about 900 tokens each
+    fits = TokenAsk(tokens=1000, tokens_per_row=900.0, max_queued_tokens=10_000)
+    assert admit(state, 1, 4096, tokens=fits) == Admitted()
+    over = TokenAsk(tokens=1001, tokens_per_row=900.0, max_queued_tokens=10_000)
+    decision = admit(state, 1, 4096, tokens=over)
+    assert isinstance(decision, Rejected)
+    assert (decision.reason, decision.code) == ("queue_full", "overloaded")
+    assert "9000 tokens" in decision.message and "max_queued_tokens 10000" in decision.message
+
+
+def test_a_per_model_mean_starts_at_its_default_and_follows_what_is_seen() -> None:
+    from gateway.admission import PerModelMean
+
+    mean = PerModelMean(default=None)
+    assert mean.of("m") is None
+    mean.observe("m", 800, 2)  # two sequences of 400 tokens
+    assert mean.of("m") == 400
+    mean.observe("m", 4000, 1)
+    assert mean.of("m") == pytest.approx(400 + 0.05 * 3600)
+    assert mean.of("other") is None

@@ -131,3 +131,35 @@ def test_one_generation_request_starts_at_most_max_sequences_per_request() -> No
     check_sequences(16, 16, 256)
     with pytest.raises(InvalidRequest, match="256 prompts x 16 choices each are 4096 sequences"):
         check_sequences(256, 16, 256)
+
+
+def test_one_generation_request_asks_for_at_most_max_tokens_per_request() -> None:
+    from common.errors import InvalidRequest
+    from gateway.routes.generation import check_tokens
+
+    check_tokens(4096, 4096)
+    with pytest.raises(InvalidRequest, match="asks for 4097 tokens") as refused:
+        check_tokens(4097, 4096)
+    assert refused.value.param == "max_tokens" and refused.value.status == 400
+    with pytest.raises(ValueError, match="max_tokens_per_request must not exceed"):
+        Settings(max_tokens_per_request=2000, max_queued_tokens=1000)
+
+
+def test_a_stuck_entry_is_reclaimable_before_its_client_gives_up() -> None:
+    assert Settings().claim_idle_ms < Settings().request_timeout_ms
+    with pytest.raises(ValueError, match="claim_idle_ms must be below request_timeout_ms"):
+        Settings(claim_idle_ms=30_000, request_timeout_ms=30_000)
+
+
+def test_only_listed_keys_may_ask_for_interactive_priority() -> None:
+    from common.errors import PermissionDenied
+    from gateway.auth import check_interactive
+
+    check_interactive(None, [])  # no API keys: nobody to tell apart
+    check_interactive("fast", ["fast"])
+    check_interactive("anyone", ["*"])
+    for key, allowed in (("slow", ["fast"]), ("slow", [])):
+        with pytest.raises(PermissionDenied, match="interactive_api_keys") as refused:
+            check_interactive(key, allowed)
+        assert refused.value.status == 403 and "slow" not in str(refused.value)
+    assert Settings(interactive_api_keys="a, b").interactive_api_keys == ["a", "b"]

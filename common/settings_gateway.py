@@ -1,0 +1,117 @@
+"""The gateway's settings: a part of `common.settings.Settings`, declared apart for length.
+
+Nothing builds this class alone: `Settings` inherits it, so one object still holds every
+CLI option and `MICROBATCH_<NAME>` variable, validated once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, NoDecode
+
+from common.message_checks import MAX_ENTRY_ROWS
+
+
+class GatewaySettings(BaseSettings):
+    # Each `description` is the setting's row in docs/settings.md (common/settings_doc.py).
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="gateway bind address (a worker's `metrics_port` listens on it too)",
+    )
+    port: int = Field(default=8000, ge=0, le=65535, description="gateway port")
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="let a gateway listen beyond loopback with no `api_keys` (logged at every "
+        "start); without it such a start is refused",
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="accepted `Authorization: Bearer` keys; empty = no auth"
+    )
+    rate_limit_per_key: float = Field(
+        default=0.0,
+        ge=0,
+        description="per-key token bucket: requests/s sustained, 429 over it; 0 = off",
+    )
+    rate_limit_burst: int = Field(
+        default=20, gt=0, description="per-key token bucket: requests at once"
+    )
+    request_timeout_ms: int = Field(
+        default=30_000, gt=0, description="default deadline (`X-Microbatch-Timeout-Ms` overrides)"
+    )
+    max_request_timeout_ms: int = Field(
+        default=600_000,
+        gt=0,
+        description="the longest deadline a client may ask for with `X-Microbatch-Timeout-Ms` "
+        "(a generation may hold a worker that long); longer is a 400",
+    )
+    max_sequences_per_request: int = Field(
+        default=256,
+        gt=0,
+        description="sequences one generation request may start (prompts x `best_of` or "
+        "`n`); more is a 400, so one request cannot take a model's whole queue",
+    )
+    max_tokens_per_request: int = Field(
+        default=262_144,
+        gt=0,
+        description="tokens one generation request may ask for: prompt + `max_tokens`, over "
+        "every sequence it starts; more is a 400",
+    )
+    max_queued_tokens: int = Field(
+        default=2_097_152,
+        gt=0,
+        description="per generation model: prompt + `max_tokens` its backlog may hold; above "
+        "it, 503 with `Retry-After`",
+    )
+    interactive_api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="with `api_keys` set, the keys that may send `X-Microbatch-Priority: "
+        "interactive` (others get 403); `*` = every key",
+    )
+    max_queue_depth: int = Field(
+        default=4096, gt=0, description="per model: above it, 503 with `Retry-After`"
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        gt=0,
+        description="request body limit; 413 above it, chunked bodies too",
+    )
+    max_inputs_per_request: int = Field(
+        default=2048, gt=0, description="inputs in one embeddings request"
+    )
+    max_entry_rows: int = Field(
+        default=256,
+        gt=0,
+        le=MAX_ENTRY_ROWS,
+        description=f"rows one queue entry carries (at most {MAX_ENTRY_ROWS}): a request's "
+        "inputs of one length bucket travel together, split evenly into entries of at most "
+        "this many, so a bulk request costs a few Redis commands and still spreads over "
+        "several workers; larger requests are tokenized a block of this many texts at a time, "
+        "each block queued as it is ready",
+    )
+    # A thread hop costs more than tokenizing a short text does.
+    inline_tokenize_chars: int = Field(
+        default=2048,
+        ge=0,
+        description="shorter texts are tokenized inline, longer ones on a thread",
+    )
+    gateway_id: str | None = Field(
+        default=None,
+        description="reply-stream name; unique per process",
+        json_schema_extra={"default_doc": "host + pid"},
+    )
+    reply_maxlen: int = Field(
+        default=10_000,
+        gt=0,
+        description="workers' safety bound on a reply stream's length (approximate); its "
+        "gateway deletes each reply once read, so a stream holds only unread replies",
+    )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        description="gateway processes on one port (`gateway` and `serve`; SO_REUSEPORT), "
+        "each its own event loop and reply stream, "
+        "see [operations.md](operations.md#gateway-processes)",
+    )
