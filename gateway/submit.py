@@ -9,12 +9,14 @@ computes answers nobody reads; past its deadline a worker drops an entry by itse
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from common import metrics
+from common.clock import wall_ms
 from common.errors import (
     ClientGone,
+    DeadlineExceeded,
     MicrobatchError,
     Overloaded,
     ServiceUnavailable,
@@ -98,20 +100,22 @@ async def submit(
             router.expect_stream(entry_id, collector, entries.model)
         futures = [collector.future]
     try:
-        await services.enqueuer.add(entries.items)
+        await _enqueue(services, entries)
         if more is not None:
             try:
                 async for part in more:
                     ids += part.ids
                     futures += _expect(router, part)
-                    await services.enqueuer.add(part.items)
+                    await _enqueue(services, part)
             except MicrobatchError:
                 services.canceller.cancel(entries.model, ids, entries.deadline_ms)
                 raise
-        replies = await await_replies(call.disconnected, futures, entries.timeout_ms)
+        replies = await await_replies(
+            call.disconnected, futures, entries.timeout_ms, entries.deadline_ms
+        )
         if choices > 1:
             replies = replies[0]
-    except (ClientGone, ServiceUnavailable):
+    except (ClientGone, ServiceUnavailable, DeadlineExceeded):
         # Nobody will read these answers, and a write that failed may still have landed (a
         # timed-out XADD): workers skip cancelled ids, so none is computed for nothing. A
         # cancellation lasts until the deadline; past it, workers drop the entries anyway.
@@ -120,6 +124,25 @@ async def submit(
     finally:
         router.forget(ids)
     return [raise_if_error(r) for r in replies]
+
+
+async def _enqueue(services: Services, entries: Entries) -> None:
+    await enqueue_within(services, entries.items, entries.deadline_ms, entries.timeout_ms)
+
+
+async def enqueue_within(
+    services: Services, items: Sequence[tuple[str, bytes]], deadline_ms: int, timeout_ms: int
+) -> None:
+    """Write the entries, within the request's deadline: a Redis that stalls (a failover, a
+    paused client, retries) answers the client 504 at its deadline, never later. The write
+    itself goes on; the caller cancels what it may land."""
+    try:
+        async with asyncio.timeout(max(0.0, (deadline_ms - wall_ms()) / 1000)):
+            await services.enqueuer.add(items)
+    except TimeoutError:
+        raise DeadlineExceeded(
+            f"the queue did not take this request within its {timeout_ms} ms deadline"
+        ) from None
 
 
 def _expect(router: ReplyRouter, entries: Entries) -> list[asyncio.Future]:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from redis.exceptions import RedisError
 
 from common import streams
+from common.clock import wall_ms
 from common.errors import ClientGone, DeadlineExceeded
 from common.store import Store
 from common.tasks import spawn_supervised
@@ -26,15 +27,19 @@ async def await_replies(
     disconnected: Callable[[], Awaitable[None]],
     futures: Sequence[asyncio.Future],
     timeout_ms: int,
+    deadline_ms: int,
 ):
-    """Every future's result in order; DeadlineExceeded at the deadline, ClientGone if the
-    client disconnects first (`disconnected()` returns)."""
+    """Every future's result in order; DeadlineExceeded at `deadline_ms` (wall clock; the
+    request's `timeout_ms` is what the message says), ClientGone if the client disconnects
+    first (`disconnected()` returns)."""
     single = len(futures) == 1  # the common case needs no gather
     gathered = futures[0] if single else asyncio.gather(*futures)
     watcher = spawn_supervised("disconnect-watch", disconnected(), _nothing)
     try:
         done, _ = await asyncio.wait(
-            {gathered, watcher}, timeout=timeout_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            {gathered, watcher},
+            timeout=max(0.0, (deadline_ms - wall_ms()) / 1000),
+            return_when=asyncio.FIRST_COMPLETED,
         )
     finally:
         watcher.cancel()

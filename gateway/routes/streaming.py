@@ -27,6 +27,7 @@ from gateway.routes.answers import Format, Submitted, usage
 from gateway.schemas import GenerationParams
 from gateway.services import Services
 from gateway.stream_order import ChoiceState, follow
+from gateway.submit import enqueue_within
 
 
 class _CancellingStream(StreamingResponse):
@@ -93,9 +94,10 @@ class _Relay:
             self.services.routes_answered(self.sub.entries.model, self.sub.owners)
 
     async def _events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
+        entries = self.sub.entries
         try:
-            await self.services.enqueuer.add(items)
-        except ServiceUnavailable as exc:
+            await enqueue_within(self.services, items, entries.deadline_ms, entries.timeout_ms)
+        except (ServiceUnavailable, DeadlineExceeded) as exc:  # `close` cancels what landed
             yield self._error(exc)
             yield b"data: [DONE]\n\n"
             return
