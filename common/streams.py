@@ -348,9 +348,14 @@ async def cancelled_among(
     cancellation only lives until its entry's deadline, which the operator caps."""
     pipe = pipeline(store)
     pipe.zremrangebyscore(keys.cancel(model), 0, now_ms)
-    if entry_ids:
+    one_command = hasattr(pipe, "zmscore")  # the embedded store has ZSCORE only
+    if entry_ids and one_command:
         pipe.zmscore(keys.cancel(model), list(entry_ids))
+    elif entry_ids:
+        for entry_id in entry_ids:
+            pipe.zscore(keys.cancel(model), entry_id)
     answers = await pipe.execute()
     if not entry_ids:
         return set()
-    return {i for i, score in zip(entry_ids, answers[1], strict=True) if score is not None}
+    scores = answers[1] if one_command else answers[1:]
+    return {i for i, score in zip(entry_ids, scores, strict=True) if score is not None}

@@ -18,3 +18,10 @@ class Held:
     entry_id: str
     arrived_s: float  # monotonic time the worker read it
     bucket: int
+    # deliveries so far; past the first, a worker may have died computing it (a poison input
+    # that crashes or OOMs the process), so it runs alone: no batch-mate dies with it again
+    deliveries: int = 1
+
+    @property
+    def alone(self) -> bool:
+        return self.deliveries > 1

@@ -135,14 +135,14 @@ class Intake:
         now_ms = wall_ms()
         replies: list[Reply] = []
         done: list[Done] = []
-        runnable: list[tuple[streams.StreamEntry, RequestEntry]] = []
+        runnable: list[tuple[streams.StreamEntry, RequestEntry, int]] = []
         for item in read:
             if (item.stream, item.entry_id) in self._leases:
                 continue  # our own entry, idle only because it waits here: already held
             count = deliveries.get(item.entry_id, 1)
             decision = triage.decide(item.payload, count, now_ms, self._limits)
             if isinstance(decision, triage.Process):
-                runnable.append((item, decision.entry))
+                runnable.append((item, decision.entry, count))
                 continue
             done.append((item.stream, item.entry_id))
             if isinstance(decision, triage.Reject):
@@ -153,16 +153,18 @@ class Intake:
                 )
             else:
                 await self._dead_letter(item, count, decision, replies)
-        cancelled = await self._cancelled([entry.id for _, entry in runnable], now_ms)
+        cancelled = await self._cancelled([entry.id for _, entry, _ in runnable], now_ms)
         buckets = self.settings.buckets
-        for item, entry in runnable:
+        for item, entry, count in runnable:
             if entry.id in cancelled:
                 done.append((item.stream, item.entry_id))
                 continue
             # Prompts past the largest bucket share it; embedding inputs never get there.
             bucket = bucket_for(entry.longest, buckets) or buckets[-1]
             self._leases.take((item.stream, item.entry_id), entry.id)
-            self._loop.hold(Held(entry, item.stream, item.entry_id, self._clock(), bucket))
+            self._loop.hold(
+                Held(entry, item.stream, item.entry_id, self._clock(), bucket, deliveries=count)
+            )
         if replies or done:
             await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
 

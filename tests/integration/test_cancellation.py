@@ -65,3 +65,17 @@ def test_a_poll_holding_nothing_posts_nothing_and_still_forgets_the_expired(
     inbox, size = asyncio.run(_poll(redis_url, [], ["x.0"], ["old.0"]))
     assert inbox.cancelled == set() and inbox.version == 0
     assert size == 1
+
+
+def test_the_embedded_store_answers_the_same_question_without_zmscore() -> None:
+    from common.store import open_store as open_embedded
+
+    async def ask() -> tuple[set[str], set[str]]:
+        store = open_embedded(Settings(model="noop"))  # no redis_url: burner-redis in-process
+        keys = streams.Keys("mb")
+        await streams.cancel(store, keys, "noop", ["a.0", "c.0"], int(time.time() * 1000) + 60_000)
+        held = await streams.cancelled_among(store, keys, "noop", ["a.0", "b.0"], 0)
+        return held, await streams.cancelled_among(store, keys, "noop", [], 0)
+
+    held, none = asyncio.run(ask())
+    assert held == {"a.0"} and none == set()

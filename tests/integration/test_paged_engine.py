@@ -201,3 +201,35 @@ def test_fp8_storage_halves_bfloat16_and_stays_close(tiny_model: Path, reference
         for a, b in zip(out[j], reference(p, n), strict=True)
     )
     assert same >= 12  # a quantized cache may drift late; it must not be garbage from the start
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 5, 16])
+def test_prompt_scores_computed_in_chunks_equal_one_plain_forward(
+    tiny_model: Path, chunk: int | None
+) -> None:
+    """A prompt asking for its scores prefills a chunk at a time, each chunk scored and its
+    logits let go: the scores are a plain forward's `log_softmax`, whatever the chunk."""
+    from transformers import AutoModelForCausalLM
+
+    prompt = [7, 99, 3, 250, 18, 18, 402, 5, 61, 77, 12, 300, 4, 9, 150, 23, 88, 1, 42, 260]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(model(torch.tensor([prompt])).logits[0].float(), -1)
+    expected = [float("nan")] + [logprobs[i, prompt[i + 1]].item() for i in range(len(prompt) - 1)]
+    top = logprobs[:-1].topk(3, -1)
+
+    engine = GenerationEngine(tiny_model, kv_tokens=160, block_size=4)
+    tokens = np.asarray(prompt, dtype=np.uint32)
+    newcomers = [Admission(0, tokens, Sampling(**GREEDY), prompt_logprobs=3)]
+    picked, steps = None, 0
+    while picked is None:
+        left = engine.pending(0) if steps else len(prompt)
+        out = engine.step(newcomers, {0: chunk or left})
+        newcomers, steps, picked = [], steps + 1, out.get(0)
+    assert steps == (1 if chunk is None else -(-len(prompt) // chunk))
+    scores = picked.prompt
+    assert scores is not None and len(scores.logprobs) == len(prompt)
+    np.testing.assert_allclose(scores.logprobs, expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(scores.top_ids[1:], top.indices.numpy())
+    np.testing.assert_allclose(scores.top_logprobs[1:], top.values.numpy(), rtol=1e-4, atol=1e-5)
+    assert picked.token == int(logprobs[-1].argmax())  # and the first token, greedily

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -133,10 +135,12 @@ def test_an_idle_engine_starts_a_long_prompt_within_the_budget() -> None:
     assert plan.admit == (1,) and plan.budgets == {1: 100}
 
 
-def test_a_prompt_asking_for_its_scores_is_never_chunked() -> None:
-    scored = SeqView(1, 150, PRIORITY_BATCH, 1, whole=True)
-    assert plan_step([seq(0, 10)], [scored], CHUNKED).admit == ()
-    assert plan_step([], [scored], CHUNKED).budgets == {}  # alone: past the budget, whole
+def test_a_prompt_asking_for_its_scores_is_chunked_even_with_chunked_prefill_off() -> None:
+    scored = SeqView(1, 150, PRIORITY_BATCH, 1, scored=True)
+    assert plan_step([seq(0, 10)], [scored], CHUNKED).budgets == {1: 99}  # beside a decode
+    whole_prompts = replace(CHUNKED, chunked=False)
+    assert plan_step([], [scored], whole_prompts).budgets == {1: 100}  # one chunk at a time
+    assert plan_step([], [seq(2, 150)], whole_prompts).budgets == {}  # others: whole
 
 
 @given(
@@ -156,3 +160,16 @@ def test_a_chunked_step_never_exceeds_its_token_budget(running: list, waiting: l
     if run or len(plan.admit) > 1:
         assert decodes + prefills <= max(CHUNKED.step_tokens, decodes)
     assert all(s.key in plan.budgets for s in run if s.pending)
+
+
+def test_a_redelivered_prompt_prefills_in_an_engine_running_nothing_else() -> None:
+    lone = SeqView(5, 40, PRIORITY_BATCH, 5, alone=True)
+    behind = seq(6, 10)
+    busy = plan_step([seq(0, 10)], [lone, behind], CHUNKED)
+    assert busy.admit == ()  # it waits for the running one to end; nothing overtakes it
+    idle = plan_step([], [lone, behind], CHUNKED)
+    assert idle.admit == (5,)  # alone: nobody joins its step
+    prefilling = replace(lone, pending=20)
+    assert plan_step([prefilling], [behind], CHUNKED).admit == ()  # nor its next chunks
+    decoding = replace(lone, alone=False)  # once it has its first token, others may join
+    assert plan_step([decoding], [behind], CHUNKED).admit == (6,)

@@ -114,7 +114,7 @@ class Batch:
     keys: tuple[int, ...]
     padded_tokens: int
     real_tokens: int
-    trigger: str  # size | tokens | split | priority | wait
+    trigger: str  # size | tokens | split | priority | wait | alone (a redelivered row)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from worker.compute_threads import ComputeThreads, free_stream
 from worker.encode.assembly import Assembly, BatchFacts
 from worker.encode.batching import Batch, Limits, Load, Wait, next_batch
 from worker.encode.cost import Observations
-from worker.encode.handoff import Behind, Part, by_entry, profile_facts, timed
+from worker.encode.handoff import Behind, Part, batch_line, by_entry, profile_facts, timed
 from worker.encode.metrics import BatchMetrics, computed_tokens
 from worker.encode.parallelism import Parallelism
 from worker.encode.row_queues import Row, RowQueues
@@ -88,6 +88,7 @@ class EmbedLoop:
         self._compute.ensure(self._parallel.streams)
         # each computing batch: its threads, start, stream
         self._computing: dict[asyncio.Task, tuple[int, float, int]] = {}
+        self._lone: asyncio.Task | None = None  # a redelivered row's batch: nothing beside it
         # batches handed to the compute thread behind the running one (`_queue_behind`),
         # revocable until they start
         self._behind: dict[asyncio.Task, Behind] = {}
@@ -200,6 +201,12 @@ class EmbedLoop:
         return max(1e-9, decision.until_s - self._clock())
 
     def _decide(self, limits: Limits) -> Batch | Wait:
+        """A redelivered row first, alone: once nothing computes, and nothing beside it."""
+        lone = self._rows.lone()
+        if lone is not None:
+            return Wait(None) if self._computing else lone
+        if self._lone is not None:
+            return Wait(None)  # its batch ends, and wakes the loop
         return next_batch(self._rows.in_order(), self._clock(), limits, self._load(), ordered=True)
 
     def _queue_behind(self, limits: Limits) -> float | None:
@@ -321,10 +328,14 @@ class EmbedLoop:
         if behind:
             self._behind[task] = Behind(submitted, batch, members, entries)
         self._computing[task] = (threads, self._clock(), stream)
+        if batch.trigger == "alone":
+            self._lone = task
         task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task) -> None:
         self._computing.pop(task, None)
+        if task is self._lone:
+            self._lone = None
         self._behind.pop(task, None)
         for waiting in self._behind:  # it starts now: `hung` times it from here
             threads, _, stream = self._computing[waiting]
@@ -377,20 +388,7 @@ class EmbedLoop:
         self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
         self._rate.observe(len(members), compute_s)
         if log.isEnabledFor(logging.DEBUG):
-            log.debug(
-                "batch",
-                extra={
-                    "model": self._model,
-                    "bucket": batch.bucket,
-                    "size": len(members),
-                    "padded_tokens": batch.padded_tokens,
-                    "real_tokens": batch.real_tokens,
-                    "trigger": batch.trigger,
-                    "max_wait_ms": max(start_ms - a.entry.enqueued_ms for a, _ in members),
-                    "compute_ms": round(compute_s * 1000, 2),
-                    "request_ids": sorted({a.entry.request_id for a, _ in members}),
-                },
-            )
+            log.debug("batch", extra=batch_line(self._model, batch, members, start_ms, compute_s))
 
     async def finish(self) -> None:
         """Wait for every batch still computing."""

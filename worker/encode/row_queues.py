@@ -3,7 +3,9 @@
 Each row is kept twice: by key (what a batch takes) and as the `Waiting` the policy reads,
 in the order batches grow through a queue (length, then arrival), so no decision sorts the
 whole queue: rows that arrived since the last decision are merged in, only where they did.
-Pure bookkeeping: no I/O, no clock.
+A redelivered entry's rows (a worker may have died computing them) wait apart, for batches
+of one row each that run with nothing else computing: a poison input that kills its process
+takes no batch-mate with it again. Pure bookkeeping: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import itertools
 from collections.abc import Iterable
 
 from worker.encode.assembly import Assembly
-from worker.encode.batching import Waiting, in_order
+from worker.encode.batching import Batch, Waiting, in_order
 
 Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
 
@@ -22,6 +24,7 @@ class RowQueues:
         self._queues: dict[int, dict[int, Row]] = {b: {} for b in buckets}
         self._views: dict[int, list[Waiting]] = {b: [] for b in self._queues}
         self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
+        self._alone: list[tuple[int, Waiting]] = []  # redelivered rows: (bucket, row), in order
         self._seq = itertools.count()
 
     @property
@@ -40,7 +43,11 @@ class RowQueues:
             assembly, index = row
             queue[key] = row
             arrived_s, priority = assembly.held.arrived_s, assembly.entry.priority
-            views.append(Waiting(key, len(assembly.rows[index]), arrived_s, priority))
+            waiting = Waiting(key, len(assembly.rows[index]), arrived_s, priority)
+            if assembly.held.alone:
+                self._alone.append((bucket, waiting))
+            else:
+                views.append(waiting)
         if len(views) > before:
             self._unsorted.add(bucket)
 
@@ -58,7 +65,16 @@ class RowQueues:
         rows = [queue.pop(key) for key in keys]
         gone = set(keys)
         self._views[bucket] = [w for w in self._views[bucket] if w.key not in gone]
+        if self._alone:
+            self._alone = [(b, w) for b, w in self._alone if b != bucket or w.key not in gone]
         return rows
+
+    def lone(self) -> Batch | None:
+        """The next redelivered row, as a batch of its own; None when there is none."""
+        if not self._alone:
+            return None
+        bucket, row = self._alone[0]
+        return Batch(bucket, (row.key,), row.n_tokens, row.n_tokens, "alone")
 
     def drop(self, assembly: Assembly) -> int:
         """An entry's queued rows, off the queue for good; how many there were."""

@@ -26,7 +26,7 @@ import torch
 from common.protocol import Scores
 from worker.generate.blocks import NULL_BLOCK, BlockManager
 from worker.generate.kv_store import KVStore
-from worker.generate.logprobs import prompt_scores, token_scores
+from worker.generate.logprobs import concat, prompt_scores, token_scores
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
 
@@ -70,6 +70,7 @@ class _Filling:
     done: int  # leading positions whose keys and values are in place
     copies: list[Admission]  # its `same_as` siblings: they fork its blocks when it is done
     cached: int = 0  # of `done` at admission, how many the prefix cache held
+    scores: list[Scores] | None = None  # its prompt's scores so far, chunk by chunk, if asked
 
 
 class PagedCache:
@@ -159,7 +160,9 @@ class GenerationEngine:
                 heirs = [c for c in filling.copies if c.key not in gone]
                 if heirs:
                     self.blocks.fork(key, heirs[0].key)
-                    self._filling[heirs[0].key] = _Filling(heirs[0], filling.done, heirs[1:])
+                    self._filling[heirs[0].key] = _Filling(
+                        heirs[0], filling.done, heirs[1:], filling.cached, filling.scores
+                    )
             for copies in (f.copies for f in self._filling.values()):
                 copies[:] = [c for c in copies if c.key not in gone]
             self.blocks.free(key)
@@ -187,12 +190,8 @@ class GenerationEngine:
             if a.same_as is not None:
                 copies.setdefault(a.same_as, []).append(a)
         for a in newcomers:
-            if a.same_as is None and a.prompt_logprobs >= 0:  # alone: every position's logits
-                self._admit(a, copies, reuse=False)
-                picked.update(self._prefill([self._filling[a.key]], {}, every_position=True))
-        for a in newcomers:
-            if a.same_as is None and a.prompt_logprobs < 0:
-                self._admit(a, copies, reuse=True)
+            if a.same_as is None:  # a prompt scored needs every position computed: no reuse
+                self._admit(a, copies, reuse=a.prompt_logprobs < 0)
         tasks = [f for key, f in self._filling.items() if budgets.get(key, 1) > 0]
         ends = {
             f.admission.key: min(
@@ -200,13 +199,17 @@ class GenerationEngine:
             )
             for f in tasks
         }
-        for group in prefill_groups([ends[f.admission.key] - f.done for f in tasks]):
-            picked.update(self._prefill([tasks[i] for i in group], ends))
+        for f in (f for f in tasks if f.scores is not None):  # alone: every position's logits
+            picked.update(self._prefill([f], ends, every_position=True))
+        plain = [f for f in tasks if f.scores is None]
+        for group in prefill_groups([ends[f.admission.key] - f.done for f in plain]):
+            picked.update(self._prefill([plain[i] for i in group], ends))
         return picked
 
     def _admit(self, a: Admission, copies: dict[int, list[Admission]], reuse: bool) -> None:
         cached = self.blocks.admit(a.key, a.tokens, reuse=reuse)
-        self._filling[a.key] = _Filling(a, cached, copies.get(a.key, []), cached)
+        scores: list[Scores] | None = [] if a.prompt_logprobs >= 0 else None
+        self._filling[a.key] = _Filling(a, cached, copies.get(a.key, []), cached, scores)
 
     def _decode(self) -> dict[int, Picked]:
         rows = self._rows
@@ -244,6 +247,14 @@ class GenerationEngine:
         keep = 0 if every_position else 1  # 0: transformers keeps every position's logits
         logits = self._forward(ids, mask, positions, cache, keep)
         self.blocks.commit([f.admission.key for f in group], [end for _, end in spans])
+        if every_position:  # alone in its group: score this chunk, keep only the scores
+            (f,), ((start, end),) = group, spans
+            assert f.scores is not None
+            following = f.admission.tokens[start + 1 : end + 1]
+            run = logits[0, width - (end - start) :]
+            f.scores.append(
+                prompt_scores(run, following, f.admission.prompt_logprobs, first=start == 0)
+            )
         finished = []
         for i, (f, (_, end)) in enumerate(zip(group, spans, strict=True)):
             f.done = end
@@ -262,11 +273,8 @@ class GenerationEngine:
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
             a = group[i].admission
-            prompt = None
-            if every_position:
-                prompt = prompt_scores(
-                    logits[i, width - len(a.tokens) :], a.tokens, a.prompt_logprobs
-                )
+            scored = group[i].scores
+            prompt = concat(scored) if scored is not None else None
             self._rows.append(_Row(b.key, len(a.tokens), token, b.sampling, b.logprobs))
             picked[b.key] = Picked(token, s, prompt, group[i].cached)
         return picked

@@ -39,23 +39,29 @@ def token_scores(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list
     return out
 
 
-def prompt_scores(logits: torch.Tensor, prompt: np.ndarray, k: int) -> Scores:
-    """Scores of a prompt's tokens from its prefill's logits (T, V): token i is scored by
-    position i-1's distribution; the first has none (NaN, shown as null)."""
-    logprobs = torch.log_softmax(logits[:-1].float(), -1)
+def prompt_scores(logits: torch.Tensor, following: np.ndarray, k: int, first: bool) -> Scores:
+    """Scores of a run of prompt tokens from the prefill logits of the positions before them
+    (R, V): row i scores `following[i]` (token i+1 is scored by position i's distribution).
+    A prompt prefilled in chunks is scored chunk by chunk, so no step holds more than one
+    chunk's logits (an 8k prompt's whole-vocabulary logits would be gigabytes). The prompt's
+    first token has no distribution before it: with `first`, a NaN row (shown as null)
+    leads."""
+    rows = len(following)
+    logprobs = torch.log_softmax(logits[:rows].float(), -1)
     device = logprobs.device
-    following = torch.from_numpy(prompt[1:].astype(np.int64)).to(device)
-    first = torch.tensor([float("nan")], device=device)
-    chosen = torch.cat([first, logprobs.gather(1, following[:, None])[:, 0]]).cpu()
+    picked = torch.from_numpy(following.astype(np.int64)).to(device)
+    lead = 1 if first else 0
+    nan = torch.full((lead,), float("nan"), device=device)
+    chosen = torch.cat([nan, logprobs.gather(1, picked[:, None])[:, 0]]).cpu()
     if not k:
         return Scores(
             chosen.cpu().numpy().astype("<f4"),
-            _top(None, len(prompt), "<u4"),
-            _top(None, len(prompt), "<f4"),
+            _top(None, rows + lead, "<u4"),
+            _top(None, rows + lead, "<f4"),
         )
     top = _on_cpu(logprobs.topk(k, -1))
-    values = torch.cat([torch.full((1, k), float("nan"), device=CPU), top.values])  # none first
-    indices = torch.cat([torch.zeros((1, k), dtype=torch.long, device=CPU), top.indices])
+    values = torch.cat([torch.full((lead, k), float("nan"), device=CPU), top.values])
+    indices = torch.cat([torch.zeros((lead, k), dtype=torch.long, device=CPU), top.indices])
     return Scores(
         chosen.cpu().numpy().astype("<f4"), _top(indices, 0, "<u4"), _top(values, 0, "<f4")
     )

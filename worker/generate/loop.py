@@ -163,7 +163,9 @@ class GenerationLoop:
         plan = plan_step(
             [replace(s.view(k), pending=self._engine.pending(k)) for k, s in self._running.items()],
             [
-                replace(s.view(k), cached=self._cached(k, s), whole=s.prompt_logprobs() >= 0)
+                replace(s.view(k), scored=True)  # every position computed: nothing reused
+                if s.prompt_logprobs() >= 0
+                else replace(s.view(k), cached=self._cached(k, s))
                 for k, s in self._waiting.items()
             ],
             self._limits,

@@ -32,7 +32,12 @@ class SeqView:
     shares: int | None = None  # a sibling whose prefill it shares when both join at once
     cached: int = 0  # leading prompt tokens the prefix cache holds (waiting only)
     pending: int = 0  # running, its prompt not all prefilled yet: tokens still to compute
-    whole: bool = False  # its prompt must prefill in one step (it asked for prompt scores)
+    # its prompt asks for scores: chunked even with chunked prefill off, since a prefill keeps
+    # every position's whole-vocabulary logits (8k positions x 152k: ~5 GB in one step)
+    scored: bool = False
+    # redelivered (a worker may have died on it): it prefills in an engine running nothing
+    # else, and nothing joins until its prefill is done
+    alone: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,9 +125,13 @@ def _admit(
     """Waiting keys to admit in order, adding a chunk to `budgets` where one starts."""
     lengths = [s.length + 1 for s in kept]  # after this step's decode
     admit: list[int] = []
+    if any(s.alone and s.pending for s in kept):
+        return admit  # a lone prefill still running: nobody joins it
     queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
     for seq in queue:
         idle = not lengths
+        if seq.alone and not (idle and not admit):
+            break  # it waits for an idle engine; the queue behind it waits too (no overtaking)
         # a shared prefill costs once; a cached prefix nothing (its last token is computed)
         prefill = 0 if seq.shares in admit else seq.length - seq.cached
         room = limits.step_tokens - step_tokens
@@ -131,13 +140,16 @@ def _admit(
         if not idle and kv_usage([*lengths, seq.length], limits.block_size) > limits.kv_tokens:
             break
         if prefill > max(0, room):
-            if limits.chunked and not seq.whole and (idle or room >= min(prefill, MIN_CHUNK)):
+            chunked = limits.chunked or seq.scored
+            if chunked and (idle or room >= min(prefill, MIN_CHUNK)):
                 budgets[seq.key] = prefill = max(1, room)  # a chunk now, the rest later
             elif not idle:
                 break
         admit.append(seq.key)
         lengths.append(seq.length)
         step_tokens += prefill
+        if seq.alone:
+            break
     return admit
 
 

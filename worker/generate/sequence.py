@@ -92,7 +92,13 @@ class Sequence:
         first = self.family.keys[0]
         shares = first if key != first and not self.generated else None
         return SeqView(
-            key, self.entry.n_tokens + len(self.generated), self.entry.priority, self.order, shares
+            key,
+            self.entry.n_tokens + len(self.generated),
+            self.entry.priority,
+            self.order,
+            shares,
+            # the first choice, until its prefill has run once; its siblings then share it
+            alone=self.held.alone and not self.generated and shares is None,
         )
 
     @property
