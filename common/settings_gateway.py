@@ -47,6 +47,12 @@ class GatewaySettings(BaseSettings):
         description="the longest deadline a client may ask for with `X-Microbatch-Timeout-Ms` "
         "(a generation may hold a worker that long); longer is a 400",
     )
+    drain_timeout_s: int = Field(
+        default=30,
+        gt=0,
+        description="how long a stopping gateway lets requests in flight (SSE streams too) "
+        "finish before it cuts them; to lose none, at least `max_request_timeout_ms`",
+    )
     max_sequences_per_request: int = Field(
         default=256,
         gt=0,
@@ -58,6 +64,12 @@ class GatewaySettings(BaseSettings):
         gt=0,
         description="tokens one generation request may ask for: prompt + `max_tokens`, over "
         "every sequence it starts; more is a 400",
+    )
+    max_scored_prompt_tokens: int = Field(
+        default=8192,
+        gt=0,
+        description="the longest prompt whose own tokens may be scored (`echo` with "
+        "`logprobs`); longer is a 400",
     )
     max_queued_tokens: int = Field(
         default=2_097_152,

@@ -94,7 +94,7 @@ def _uvicorn_server(settings: Settings, fastapi_app: Any) -> Any:
         access_log=False,
         server_header=False,  # one header less per answer, and no version to fingerprint
         lifespan="on",
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=settings.drain_timeout_s,
         log_config=None,  # uvicorn's lines go through our handler (JSON by default)
     )
     return Server(config)

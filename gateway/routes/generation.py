@@ -240,7 +240,22 @@ def _within_limits(services: Services, req: Any, prompts: Prompts) -> int:
         len(ids) + new for ids, new in zip(prompts.ids, prompts.new_tokens, strict=True)
     )
     check_tokens(tokens, settings.max_tokens_per_request)
+    if req.prompt_logprobs >= 0:
+        check_scored_prompts(prompts.ids, settings.max_scored_prompt_tokens)
     return tokens
+
+
+def check_scored_prompts(prompts: list[np.ndarray], limit: int) -> None:
+    """A prompt scored token by token costs a whole-vocabulary distribution per position,
+    computed chunk by chunk on the worker, and a reply of every position's alternatives: its
+    length is capped apart from the context."""
+    longest = max(len(ids) for ids in prompts)
+    if longest > limit:
+        raise InvalidRequest(
+            f"echo with logprobs scores every prompt token; this prompt has {longest} tokens, "
+            f"more than the {limit} that may be scored (max_scored_prompt_tokens)",
+            param="echo",
+        )
 
 
 def check_tokens(tokens: int, limit: int) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -150,8 +153,9 @@ def test_every_pod_is_unprivileged_without_service_links_and_bounded(target: str
 @pytest.mark.parametrize("target", TARGETS)
 def test_config_map_keys_and_env_names_are_real_settings(target: str) -> None:
     for config_map in of_kind(render(target), "ConfigMap"):
-        if "grafana_dashboard" in config_map["metadata"]["labels"]:
-            continue
+        labels = config_map["metadata"]["labels"]
+        if "grafana_dashboard" in labels or labels.get("app.kubernetes.io/name") == "redis":
+            continue  # the dashboard, Redis's ACL rules: not settings
         for key in config_map["data"]:
             assert key.startswith("MICROBATCH_"), key
             assert key.removeprefix("MICROBATCH_").lower() in Settings.model_fields, key
@@ -200,7 +204,7 @@ def test_gpu_workers_get_one_gpu_the_cuda_image_and_gpu_nodes() -> None:
         spec = deployment["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == 1
-        assert container["image"].endswith(":cuda")
+        assert container["image"].endswith("-cuda")
         assert container_settings(objects, container).device == "cuda"
         assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
         assert spec["nodeSelector"]
@@ -259,7 +263,8 @@ def test_in_cluster_redis_keeps_an_append_only_file_on_a_claim() -> None:
     args = container["args"]
     assert args[args.index("--appendonly") + 1] == "yes"
     claims = [c["metadata"]["name"] for c in redis["spec"]["volumeClaimTemplates"]]
-    assert [m["name"] for m in container["volumeMounts"]] == claims
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert [mounts[args[args.index("--dir") + 1]]] == claims
     (service,) = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "redis"]
     assert service["spec"]["clusterIP"] == "None"
 
@@ -311,3 +316,323 @@ def test_no_secret_value_is_rendered() -> None:
         assert not of_kind(render(target), "Secret")  # created with kubectl, never committed
     base = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
     assert "secret.example.yaml" not in base["resources"]
+
+
+# ---- hardening -----------------------------------------------------------------------------
+# What these hold and why: docs/kubernetes.md, "Hardening".
+
+REDIS_TARGETS = ("base", "overlays/cpu", "overlays/gpu")  # those with the in-cluster Redis
+REDIS_LABELS = {"app.kubernetes.io/name": "redis", "app.kubernetes.io/component": "store"}
+# the byte multipliers of Kubernetes quantities and of redis.conf sizes (case-insensitive)
+KUBE_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+REDIS_UNITS = {"kb": 2**10, "mb": 2**20, "gb": 2**30, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def all_containers(spec: dict) -> list[dict]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+def deployment(objects: tuple[dict, ...], name: str) -> dict:
+    (found,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == name]
+    return found
+
+
+def redis_container(objects: tuple[dict, ...]) -> dict:
+    (redis,) = of_kind(objects, "StatefulSet")
+    (container,) = [
+        c for c in redis["spec"]["template"]["spec"]["containers"] if c["name"] == "redis"
+    ]
+    return container
+
+
+def redis_options(container: dict) -> dict[str, str]:
+    """`redis-server --name value ...` as {name: value} (every option here takes one value)."""
+    args = container["args"]
+    assert args[0] == "redis-server", args
+    names, values = args[1::2], args[2::2]
+    assert all(n.startswith("--") for n in names) and len(names) == len(values), args
+    return {n.removeprefix("--"): v for n, v in zip(names, values, strict=True)}
+
+
+def kube_bytes(quantity: str) -> int:
+    for suffix, factor in KUBE_UNITS.items():
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
+def redis_bytes(size: str) -> int:
+    number = re.fullmatch(r"(\d+)([a-z]*)", size.lower())
+    assert number, size
+    return int(number[1]) * (REDIS_UNITS[number[2]] if number[2] else 1)
+
+
+def acl_users(objects: tuple[dict, ...]) -> dict[str, list[str]]:
+    """The Redis users the manifests define, {name: rules}, from the ConfigMap redis-acl."""
+    found = [
+        c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"].startswith("redis-acl")
+    ]
+    assert len(found) == 1, "no ConfigMap redis-acl: Redis has no users but the default one"
+    (acl,) = found
+    users = {}
+    for line in acl["data"]["users.acl"].splitlines():
+        if line.startswith("user "):
+            _, name, *rules = line.split()
+            users[name] = rules
+    return users
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    """A label selector (matchLabels, matchExpressions In / NotIn / Exists) against labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def ingress_rules(objects: tuple[dict, ...], pod_labels: dict) -> list[dict] | None:
+    """The ingress rules every NetworkPolicy selecting these pods grants, or None when no
+    policy restricts their ingress (everything may connect then)."""
+    policies = [
+        p
+        for p in of_kind(objects, "NetworkPolicy")
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and selects(p["spec"]["podSelector"], pod_labels)
+    ]
+    if not policies:
+        return None
+    return [rule for p in policies for rule in p["spec"].get("ingress", [])]
+
+
+def pod_labels(objects: tuple[dict, ...]) -> dict[str, dict]:
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["metadata"]["labels"]
+        for o in objects
+        if o["kind"] in {"Deployment", "StatefulSet"}
+    }
+
+
+def secret_env_names(container: dict) -> set[str]:
+    """Env names holding a secret: read from a Secret, or built from one (`$(NAME)`)."""
+    names = {
+        e["name"] for e in container.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    grown = True
+    while grown:
+        built = {
+            e["name"]
+            for e in container.get("env", [])
+            if any(f"$({n})" in e.get("value", "") for n in names)
+        }
+        grown = not built <= names
+        names |= built
+    return names
+
+
+def command_lines(container: dict) -> list[str]:
+    """Every argv the kubelet or the runtime starts for this container: its command and
+    args, and the exec of its probes and lifecycle hooks."""
+    argv = [*container.get("command", []), *container.get("args", [])]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        argv += container.get(probe, {}).get("exec", {}).get("command", [])
+    for hook in container.get("lifecycle", {}).values():
+        argv += hook.get("exec", {}).get("command", [])
+    return argv
+
+
+@pytest.mark.parametrize("target", REDIS_TARGETS)
+def test_redis_is_bounded_below_its_limit_never_evicts_and_keeps_only_the_aof(target: str) -> None:
+    container = redis_container(render(target))
+    options = redis_options(container)
+    limit = kube_bytes(container["resources"]["limits"]["memory"])
+    # room under the limit for the AOF rewrite's copy-on-write, buffers and fragmentation
+    assert 0.5 * limit <= redis_bytes(options["maxmemory"]) <= 0.8 * limit
+    # a queue never drops entries silently: full is an OOM error (the gateway's 503)
+    assert options["maxmemory-policy"] == "noeviction"
+    assert options["save"] == ""  # no RDB snapshots (a second fork, twice the memory)
+    assert (options["appendonly"], options["appendfsync"]) == ("yes", "everysec")
+
+
+def test_no_secret_reaches_a_command_line_or_a_probe() -> None:
+    """argv is readable by anyone on the node (ps, /proc) and shows in `kubectl describe`:
+    passwords travel in env or files only. Every target, the managed-redis one included."""
+    example = yaml.safe_load((K8S / "base" / "secret.example.yaml").read_text())
+    for target in TARGETS:
+        objects = render(target)
+        for spec in pod_specs(objects):
+            for container in all_containers(spec):
+                secrets = secret_env_names(container)
+                for arg in command_lines(container):
+                    for name in secrets:
+                        for use in (f"$({name})", f"${name}", f"${{{name}}}"):
+                            assert use not in arg, (target, container["name"], arg)
+                    flag = re.search(r"(^|\s)(-a|--pass|--requirepass|--masterauth)\b", arg)
+                    assert not flag, (target, container["name"], arg)
+        rendered = json.dumps(objects)
+        for value in example["stringData"].values():
+            assert value not in rendered, target
+
+
+@pytest.mark.parametrize("target", REDIS_TARGETS)
+def test_redis_users_are_the_documented_least_privilege_ones_and_default_is_off(
+    target: str,
+) -> None:
+    objects = render(target)
+    users = acl_users(objects)
+    assert "off" in users["default"] and not {"on", "nopass"} & set(users["default"])
+    documented = re.search(
+        r"^ACL SETUSER microbatch (.*)$", (ROOT / "docs" / "operations.md").read_text(), re.M
+    )[1].split()
+    assert users["microbatch"] == [r for r in documented if not r.startswith(">")]
+    # KEDA reads the lag (INFO for the server version, then XINFO GROUPS), nothing more
+    assert users["keda"][0] == "on" and "%R~mb:*" in users["keda"] and "-@all" in users["keda"]
+    writable = ("~", "%W", "%RW", "allkeys", "+@", "allcommands")
+    assert not [r for r in users["keda"] if r.startswith(writable)]
+    assert {r for r in users["keda"] if r.startswith("+")} <= {
+        "+ping",
+        "+hello",
+        "+info",
+        "+xinfo|groups",
+    }
+    # Redis reads them from the file the init container writes, passwords from the Secret
+    options = redis_options(redis_container(objects))
+    (redis,) = of_kind(objects, "StatefulSet")
+    (writer,) = redis["spec"]["template"]["spec"]["initContainers"]
+    (acl_dir,) = [
+        m for m in writer["volumeMounts"] if options["aclfile"].startswith(m["mountPath"])
+    ]
+    assert acl_dir["name"] in {m["name"] for m in redis_container(objects)["volumeMounts"]}
+    (secret,) = [v["secret"] for v in redis["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert {i["path"] for i in secret["items"]} == set(users) - {"default"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_and_workers_connect_as_an_acl_user_and_keda_as_its_own(target: str) -> None:
+    objects = render(target)
+    for name in ["gateway", *(w["metadata"]["name"] for w in workers(objects))]:
+        (container,) = deployment(objects, name)["spec"]["template"]["spec"]["containers"]
+        (url,) = [e for e in container["env"] if e["name"] == "MICROBATCH_REDIS_URL"]
+        if "valueFrom" not in url:  # in-cluster: a user in the URL, never the default one
+            assert urlsplit(url["value"]).username == "microbatch", url
+    for scaled in of_kind(objects, "ScaledObject"):
+        (container,) = deployment(objects, scaled["spec"]["scaleTargetRef"]["name"])["spec"][
+            "template"
+        ]["spec"]["containers"]
+        env = {e["name"] for e in container["env"]}
+        for trigger in scaled["spec"]["triggers"]:
+            assert trigger["metadata"]["usernameFromEnv"] in env
+            assert trigger["metadata"]["passwordFromEnv"] in env
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_container_has_a_read_only_root_and_drops_everything(target: str) -> None:
+    objects = render(target)
+    (namespace,) = of_kind(objects, "Namespace")  # and admission holds every pod to it
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for spec in pod_specs(objects):
+        pod = spec.get("securityContext", {})
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in all_containers(spec):
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, container["name"]
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context.get("runAsNonRoot", pod.get("runAsNonRoot")) is True
+            seccomp = context.get("seccompProfile", pod.get("seccompProfile"))
+            assert seccomp == {"type": "RuntimeDefault"}
+            if container["image"].split(":")[0].endswith("microbatch"):
+                # what Python, torch and the caches write (tempfile, ~/.cache) is an emptyDir
+                mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+                for path in ("/tmp", "/home/microbatch"):
+                    assert "emptyDir" in volumes[mounts[path]], (container["name"], path)
+                assert {"name": "HOME", "value": "/home/microbatch"} in container["env"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_pod_mounts_a_service_account_token(target: str) -> None:
+    """None of them talks to the Kubernetes API: a token would only be something to steal."""
+    specs = pod_specs(render(target))
+    assert specs
+    for spec in specs:
+        assert spec["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_image_is_pinned_to_a_version(target: str) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    for spec in pod_specs(render(target)):
+        for container in all_containers(spec):
+            image = container["image"]
+            name, _, tag = image.rpartition(":")
+            assert "/" not in tag and tag, f"{image}: no tag"
+            if name.endswith("microbatch"):
+                assert tag in {version, f"{version}-cuda"}, f"{image}: not the project's version"
+            else:
+                assert re.fullmatch(r"\d+\.\d+\.\d+(-[a-z0-9.]+)?", tag), f"{image}: not x.y.z"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_network_policies_admit_only_what_each_pod_serves(target: str) -> None:
+    objects = render(target)
+    labels = pod_labels(objects)
+    allowed = {"gateway": {"http"}, "redis": {"redis"}}
+    allowed |= {w["metadata"]["name"]: {"metrics"} for w in workers(objects)}
+    assert set(allowed) - {"redis"} <= set(labels) <= set(allowed)  # no pod left unchecked
+    for name, pod in labels.items():
+        rules = ingress_rules(objects, pod)
+        assert rules is not None, f"{name}: no NetworkPolicy restricts its ingress"
+        for rule in rules:  # a rule without ports admits every port
+            assert {p["port"] for p in rule["ports"]} <= allowed[name], (name, rule)
+    redis_policies = [  # by name: the namespace's default deny selects every pod
+        p
+        for p in of_kind(objects, "NetworkPolicy")
+        if p["spec"]["podSelector"] and selects(p["spec"]["podSelector"], REDIS_LABELS)
+    ]
+    if "redis" not in labels:  # managed: the in-cluster Redis's policies went with it
+        assert not redis_policies
+        return
+    clients = [labels["gateway"], *(labels[w["metadata"]["name"]] for w in workers(objects))]
+    keda = bool(of_kind(objects, "ScaledObject"))
+    for rule in ingress_rules(objects, labels["redis"]):
+        assert rule.get("from"), "Redis open to every pod"
+        for peer in rule["from"]:
+            if "namespaceSelector" in peer:  # KEDA's operator reads the lag from its namespace
+                assert keda and peer["podSelector"]["matchLabels"] == {
+                    "app.kubernetes.io/name": "keda-operator"
+                }
+                assert peer["namespaceSelector"]["matchLabels"] == {
+                    "kubernetes.io/metadata.name": "keda"
+                }
+            else:
+                assert "ipBlock" not in peer
+                assert any(selects(peer["podSelector"], c) for c in clients), peer
+                assert not selects(peer["podSelector"], labels["redis"])
+    assert any(p["spec"]["policyTypes"] == ["Ingress", "Egress"] for p in redis_policies)
+    assert not any(p["spec"].get("egress") for p in redis_policies)  # Redis dials nobody
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_grace_outlasts_the_longest_request_it_accepts(target: str) -> None:
+    """On SIGTERM (after the preStop sleep) the gateway lets in-flight requests finish for
+    `drain_timeout_s`, then cuts them: the longest deadline a client may ask for must fit in
+    it, and the pod's grace period must cover the sleep and that drain."""
+    objects = render(target)
+    spec = deployment(objects, "gateway")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    settings = container_settings(objects, container)
+    longest_s = settings.max_request_timeout_ms / 1000
+    sleep = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert sleep[0] == "sleep"
+    drain_s = settings.drain_timeout_s
+    assert longest_s <= drain_s
+    assert spec["terminationGracePeriodSeconds"] > int(sleep[1]) + drain_s
+    assert spec["terminationGracePeriodSeconds"] >= longest_s

@@ -163,3 +163,15 @@ def test_only_listed_keys_may_ask_for_interactive_priority() -> None:
             check_interactive(key, allowed)
         assert refused.value.status == 403 and "slow" not in str(refused.value)
     assert Settings(interactive_api_keys="a, b").interactive_api_keys == ["a", "b"]
+
+
+def test_a_prompt_scored_token_by_token_has_a_length_cap() -> None:
+    import numpy as np
+
+    from common.errors import InvalidRequest
+    from gateway.routes.generation import check_scored_prompts
+
+    check_scored_prompts([np.zeros(8192), np.zeros(3)], 8192)
+    with pytest.raises(InvalidRequest, match="this prompt has 8193 tokens") as refused:
+        check_scored_prompts([np.zeros(3), np.zeros(8193)], 8192)
+    assert refused.value.param == "echo" and refused.value.status == 400
