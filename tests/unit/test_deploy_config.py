@@ -24,6 +24,8 @@ def test_compose_runs_redis_with_an_append_only_file() -> None:
     redis = compose()["services"]["redis"]
     command = redis["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--save") + 1] == ""  # AOF only: no RDB snapshots
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
     assert any(v.endswith(":/data") for v in redis["volumes"])
     assert "redis-data" in compose()["volumes"]
 
@@ -33,6 +35,8 @@ def test_compose_gateway_listens_on_8000_and_points_at_redis() -> None:
     assert gateway["ports"] == ["${MICROBATCH_PUBLISH:-127.0.0.1}:8000:8000"]  # loopback
     assert gateway["command"][0] == "gateway" and "0.0.0.0" in gateway["command"]
     assert gateway["environment"]["MICROBATCH_REDIS_URL"].startswith("redis://redis:")
+    drain_s = Settings().drain_timeout_s  # compose leaves the drain at its default
+    assert int(gateway["stop_grace_period"].removesuffix("s")) > drain_s
 
 
 def test_compose_worker_can_be_scaled() -> None:
