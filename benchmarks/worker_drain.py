@@ -105,7 +105,6 @@ def _entry(i: int, now_ms: int) -> RequestEntry:
         id=f"drain.{i}",
         request_id="",
         model="noop",
-        kind="embed",
         tokens=pack_tokens(ids),
         lengths=pack_tokens([len(ids)]),
         deadline_ms=now_ms + 600_000,

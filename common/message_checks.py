@@ -19,7 +19,26 @@ MAX_ENTRY_ROWS = 1024  # rows one encoder entry may carry (the gateway's max_ent
 
 
 class ProtocolError(ValueError):
-    """Bytes that are not a valid message of this version; the entry is dead-lettered."""
+    """Bytes that are not a valid message of this version; the entry is dead-lettered.
+    `id` and `reply_to` are what it still says of its sender, where it says it (strings),
+    so a reader can answer the one waiting for it instead of leaving them to their deadline."""
+
+    id: str | None = None
+    reply_to: str | None = None
+
+
+class VersionMismatch(ProtocolError):
+    """A message of a wire version this release does not read (`wire_compat`): not poison,
+    a fleet mid-upgrade; answered 503 `version_mismatch` where it names its sender."""
+
+
+def addressed(exc: ProtocolError, body: dict) -> ProtocolError:
+    """`exc`, with the `id` and `reply_to` the raw message still names."""
+    for name in ("id", "reply_to"):
+        value = body.get(name)
+        if isinstance(value, str):
+            setattr(exc, name, value)
+    return exc
 
 
 def field_types(cls: type) -> dict[str, tuple[type, ...]]:

@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgpack
 import numpy as np
@@ -20,10 +20,11 @@ import numpy as np
 from common.message_checks import MAX_ENTRY_ROWS as MAX_ENTRY_ROWS
 from common.message_checks import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
 from common.message_checks import ProtocolError as ProtocolError
-from common.message_checks import check_consistent, check_field, field_types
+from common.message_checks import VersionMismatch as VersionMismatch
+from common.message_checks import addressed, check_consistent, check_field, field_types
+from common.scores import Scores as Scores
+from common.wire_compat import PREVIOUS, VERSION, downgraded, upgraded
 
-VERSION = 5  # 2: logprobs, n choices, structured output, fingerprints; 3: classifiers;
-# 4: prompt tokens served from the prefix cache; 5: one encoder entry and reply per request part
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 REPLY_HEADROOM_BYTES = 1 << 16  # a reply's fields besides its vectors (batch ids, names)
 
@@ -77,7 +78,6 @@ class RequestEntry(_Tokens):
     id: str  # "<gateway-unique id>.<part>": the key the reply is routed by
     request_id: str  # the client's X-Request-ID (or the generated one), for logs
     model: str
-    kind: str
     tokens: bytes  # every row's uint32 little-endian token ids, special tokens included
     lengths: bytes  # uint32 little-endian: each row's token count, in order
     deadline_ms: int  # unix epoch ms after which nobody waits for the answer
@@ -186,35 +186,6 @@ class GenerationChunk(_Tokens):
 
     def prompt_scores(self) -> Scores | None:
         return Scores.unpack(self.prompt_logprobs, self.prompt_top_ids, self.prompt_top_logprobs)
-
-
-@dataclass(frozen=True, slots=True)
-class Scores:
-    """Log probabilities of a run of tokens and of each one's k likeliest alternatives."""
-
-    logprobs: np.ndarray  # float32 [T]; NaN where there is none (a prompt's first token)
-    top_ids: np.ndarray  # uint32 [T, k]
-    top_logprobs: np.ndarray  # float32 [T, k]
-
-    @classmethod
-    def unpack(cls, logprobs: bytes, top_ids: bytes, top_logprobs: bytes) -> Scores | None:
-        if not logprobs:
-            return None
-        values = np.frombuffer(logprobs, "<f4")
-        k = len(top_ids) // 4 // len(values)
-        return cls(
-            values,
-            np.frombuffer(top_ids, "<u4").reshape(len(values), k),
-            np.frombuffer(top_logprobs, "<f4").reshape(len(values), k),
-        )
-
-    def pack(self) -> dict[str, bytes]:
-        """The three byte fields, as `GenerationChunk` names them (without a prefix)."""
-        return {
-            "logprobs": np.ascontiguousarray(self.logprobs, "<f4").tobytes(),
-            "top_ids": np.ascontiguousarray(self.top_ids, "<u4").tobytes(),
-            "top_logprobs": np.ascontiguousarray(self.top_logprobs, "<f4").tobytes(),
-        }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -331,11 +302,28 @@ _PLAIN = {
 _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASSES.values()}
 
 
+def _default(field: dataclasses.Field[Any]) -> object:
+    factory = field.default_factory
+    return factory() if callable(factory) else field.default
+
+
+_DEFAULTS = {  # per tag, the fields that have a default: what an older writer left out
+    tag: {
+        f.name: _default(f)
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    for tag, cls in _CLASSES.items()
+}
+
+
 def encode(message: Message) -> bytes:
-    body = {"t": message.TAG}
-    for name in _FIELDS[type(message)]:
-        body[name] = getattr(message, name)
-    packed: bytes = msgpack.packb(body, use_bin_type=True)
+    """The message in the oldest wire version that can say it (`wire_compat`)."""
+    body = {name: getattr(message, name) for name in _FIELDS[type(message)]}
+    tag = message.TAG
+    written = downgraded(tag, body, _DEFAULTS[tag]) or body
+    written["t"] = tag
+    packed: bytes = msgpack.packb(written, use_bin_type=True)
     return packed
 
 
@@ -369,8 +357,20 @@ def _build(body: object) -> Message:
     cls = _CLASSES.get(tag) if isinstance(tag, str) else None
     if cls is None:
         raise ProtocolError(f"unknown message tag {tag!r}")
-    if body.get("v") != VERSION:
-        raise ProtocolError(f"unsupported {tag} version {body.get('v')!r}, expected {VERSION}")
+    try:
+        return _checked(tag, cls, body)
+    except ProtocolError as exc:
+        raise addressed(exc, body) from None
+
+
+def _checked(tag: str, cls: type[Message], body: dict[str, Any]) -> Message:
+    version = body.get("v")
+    if version == PREVIOUS:
+        body = upgraded(tag, body, _DEFAULTS[tag])
+    elif version != VERSION:
+        raise VersionMismatch(
+            f"{tag} of wire version {version!r}; this release reads {PREVIOUS} and {VERSION}"
+        )
     schema, plain = _SCHEMAS[tag], _PLAIN[tag]
     if body.keys() != schema.keys():
         missing, extra = schema.keys() - body.keys(), body.keys() - schema.keys()

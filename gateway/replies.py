@@ -21,8 +21,15 @@ from redis.exceptions import RedisError
 from common import metrics, streams
 from common.backoff import Backoff
 from common.clock import wall_ms
-from common.errors import ServiceUnavailable
-from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk, ProtocolError, decode
+from common.errors import ServiceUnavailable, openai_type
+from common.protocol import (
+    EmbeddingResult,
+    ErrorReply,
+    GenerationChunk,
+    ProtocolError,
+    VersionMismatch,
+    decode,
+)
 from common.settings_checks import GATEWAY_BEAT_MS
 from common.store import Store
 
@@ -152,8 +159,10 @@ class ReplyRouter:
         try:
             reply = decode(payload or b"")
         except ProtocolError as exc:
-            log.error("dropping malformed reply: %s", exc)
-            return
+            log.error("unreadable reply: %s", exc)
+            if exc.id is None:
+                return  # it names no request: nothing to answer
+            reply = unreadable(exc.id, exc)
         if not isinstance(reply, EmbeddingResult | GenerationChunk | ErrorReply):
             log.error("dropping unexpected %s on the reply stream", type(reply).__name__)
             return
@@ -228,3 +237,17 @@ class ReplyRouter:
         for queue in {id(q): q for q in self._streams.values()}.values():
             queue.put_nowait(exc)
         self._streams.clear()
+
+
+def unreadable(entry_id: str, exc: ProtocolError) -> ErrorReply:
+    """The answer for a reply this gateway cannot read but which names its request: its
+    waiter fails at once instead of at its deadline. A wire version this release does not
+    read is a fleet mid-upgrade (503, retry); anything else a worker's bug (502)."""
+    status, code = (
+        (503, "version_mismatch") if isinstance(exc, VersionMismatch) else (502, "malformed_reply")
+    )
+    message = f"the worker's answer could not be read: {exc}"
+    return ErrorReply(
+        id=entry_id, status=status, type=openai_type(status), code=code, message=message,
+        worker="",
+    )  # fmt: skip

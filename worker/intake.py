@@ -145,7 +145,12 @@ class Intake:
                 runnable.append((item, decision.entry, count))
                 continue
             done.append((item.stream, item.entry_id))
-            if isinstance(decision, triage.Reject):
+            if isinstance(decision, triage.Misversioned):
+                log.warning("%s (answered 503 version_mismatch)", decision.message)
+                replies.append(
+                    error_reply(decision, 503, "version_mismatch", decision.message, self.name)
+                )
+            elif isinstance(decision, triage.Reject):
                 replies.append(
                     error_reply(
                         decision.entry, decision.status, decision.code, decision.message, self.name

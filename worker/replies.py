@@ -6,6 +6,8 @@ acks of the entries they answer, so building them needs no I/O and is tested on 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from common.errors import openai_type
 from common.protocol import MAX_MESSAGE_BYTES, ErrorReply, GenerateEntry, RequestEntry, encode
 
@@ -14,7 +16,18 @@ Done = tuple[str, str]  # (request stream, entry id) to ack
 Entry = RequestEntry | GenerateEntry
 
 
-def error_reply(entry: Entry, status: int, code: str, message: str, worker: str) -> Reply:
+class Addressed(Protocol):
+    """What an error reply needs of what it answers: an entry, or what an unreadable one
+    still says of its sender."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def reply_to(self) -> str: ...
+
+
+def error_reply(entry: Addressed, status: int, code: str, message: str, worker: str) -> Reply:
     """An error for one entry, typed as the gateway will answer it."""
     reply = ErrorReply(
         id=entry.id, status=status, type=openai_type(status), code=code, message=message,

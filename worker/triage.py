@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.protocol import GenerateEntry, ProtocolError, RequestEntry, decode
+from common.protocol import GenerateEntry, ProtocolError, RequestEntry, VersionMismatch, decode
 
 Entry = RequestEntry | GenerateEntry
 
@@ -46,15 +46,30 @@ class DeadLetter:
     entry: Entry | None  # None when the bytes are not even a request
 
 
-Decision = Process | Reject | DeadLetter
+@dataclass(frozen=True, slots=True)
+class Misversioned:
+    """A gateway of a wire version this release does not read wrote it (a fleet mid-upgrade,
+    past one version step): not poison, so not dead-lettered; answered 503
+    `version_mismatch` to the reply stream it names, and acked."""
+
+    id: str
+    reply_to: str
+    message: str
 
 
-def parse(payload: bytes | None) -> Entry | str:
+Decision = Process | Reject | DeadLetter | Misversioned
+
+
+def parse(payload: bytes | None) -> Entry | Misversioned | str:
     """The entry, or a reason it cannot be one (payload lost to trimming, garbage bytes)."""
     if payload is None:
         return "payload lost: the entry was trimmed or deleted before it was processed"
     try:
         message = decode(payload)
+    except VersionMismatch as exc:
+        if exc.id is None or exc.reply_to is None:
+            return f"malformed entry: {exc}"
+        return Misversioned(exc.id, exc.reply_to, f"this worker cannot read the entry: {exc}")
     except ProtocolError as exc:
         return f"malformed entry: {exc}"
     if not isinstance(message, RequestEntry | GenerateEntry):
@@ -66,6 +81,8 @@ def decide(payload: bytes | None, deliveries: int, now_ms: int, limits: EntryLim
     parsed = parse(payload)
     if isinstance(parsed, str):
         return DeadLetter(parsed, None)
+    if isinstance(parsed, Misversioned):
+        return parsed
     entry = parsed
     if deliveries > limits.max_deliveries:
         reason = f"delivered {deliveries} times (max_deliveries {limits.max_deliveries}); giving up"

@@ -78,7 +78,6 @@ class _Parts:
                 id=f"{self._base}.{len(self.groups)}",
                 request_id=self._request_id,
                 model=name,
-                kind="embed",
                 tokens=tokens,
                 lengths=lengths,
                 deadline_ms=self._deadline_ms,

@@ -80,7 +80,6 @@ def _rows_entry(
         id=f"e.{i}",
         request_id=f"r{i}",
         model="noop",
-        kind="embed",
         tokens=tokens,
         lengths=packed,
         deadline_ms=now + deadline_in_ms,

@@ -205,7 +205,6 @@ def test_a_worker_whose_loop_dies_of_a_bug_stops_instead_of_hanging(redis_url: s
             id="x.0",
             request_id="r",
             model="noop",
-            kind="embed",
             tokens=pack_tokens([1, 2]),
             lengths=pack_tokens([2]),
             deadline_ms=now + 60_000,

@@ -37,7 +37,6 @@ def entry(**over: object) -> RequestEntry:
         id="abc.0",
         request_id="req-1",
         model="m",
-        kind="embed",
         tokens=pack_tokens([101, 7, 102]),
         lengths=pack_tokens([3]),
         deadline_ms=2_000,
@@ -158,7 +157,7 @@ GOOD = {"t": "req", **_fields(entry())}
         (raw({**GOOD, "model": ["a", "b"]}), "req.model"),
         (raw("a string"), "not a map"),
         (raw({**GOOD, "t": "nope"}), "unknown message tag"),
-        (raw({**GOOD, "v": VERSION + 1}), "unsupported req version"),
+        (raw({**GOOD, "v": VERSION + 1}), f"req of wire version {VERSION + 1}; this release reads"),
         ({k: v for k, v in GOOD.items() if k != "model"}, "missing fields"),
         (raw({**GOOD, "extra": 1}), "unknown"),
         (raw({**GOOD, "deadline_ms": "soon"}), "req.deadline_ms"),
@@ -331,7 +330,7 @@ def test_a_reply_over_the_message_limit_becomes_an_error_saying_so() -> None:
     from worker.replies import within_limit
 
     entry = RequestEntry(
-        id="e.1", request_id="r", model="m", kind="embed", tokens=b"", lengths=b"",
+        id="e.1", request_id="r", model="m", tokens=b"", lengths=b"",
         deadline_ms=1, priority=1, reply_to="mb:reply:g", enqueued_ms=0,
     )  # fmt: skip
     small = ("mb:reply:g", b"x" * 10)

@@ -16,7 +16,6 @@ def _assembly(name: str, lengths: list[int], arrived_s: float, deliveries: int =
         id=name,
         request_id=name,
         model="noop",
-        kind="embed",
         tokens=tokens,
         lengths=packed,
         deadline_ms=0,

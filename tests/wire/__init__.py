@@ -1,0 +1,1 @@
+"""Mixed wire versions: what processes of the previous release send and read."""

@@ -1,0 +1,1 @@
+"""Wire version 5, frozen: the messages a release of that version wrote, and its reader."""
