@@ -26,6 +26,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Gateway": (
         "host",
         "port",
+        "admin_port",
+        "public_docs",
         "api_keys",
         "interactive_api_keys",
         "allow_unauthenticated",

@@ -22,6 +22,18 @@ class GatewaySettings(BaseSettings):
         description="gateway bind address (a worker's `metrics_port` listens on it too)",
     )
     port: int = Field(default=8000, ge=0, le=65535, description="gateway port")
+    admin_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="also serve `/metrics`, `/healthz` and `/readyz` on this port (and only "
+        "them); `/metrics` then leaves the API port",
+    )
+    public_docs: bool = Field(
+        default=False,
+        description="serve `/docs` and `/openapi.json` even with `api_keys` set (without "
+        "keys they are always served)",
+    )
     allow_unauthenticated: bool = Field(
         default=False,
         description="let a gateway listen beyond loopback with no `api_keys` (logged at every "

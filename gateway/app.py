@@ -20,6 +20,7 @@ from common.errors import MicrobatchError, error_for_http_status
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
+from gateway.admin import on_admin_port
 from gateway.hot_path import GatewayApp
 from gateway.request import error_response, validation_error
 from gateway.routes import chat, classify, completions, embeddings, ops, rerank, tei, tokens
@@ -113,12 +114,18 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
             await services.router.leave()
             services.tokenize.close()
 
+    # API docs show every route and field: with keys set, only where the operator says so
+    docs = not settings.api_keys or settings.public_docs
     app = GatewayApp(
         title="microbatch",
         version="0.1.0",
         lifespan=lifespan,
         max_body_bytes=settings.max_body_bytes,
         on_error=lambda exc: error_response(exc, None),
+        admin=lambda scope: on_admin_port(scope, settings.admin_port),
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
     app.state.services = services
     _install_routes(app)

@@ -19,7 +19,8 @@ from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
-from common.errors import InternalError, MicrobatchError
+from common.errors import InternalError, MicrobatchError, RouteNotFound
+from gateway.admin import ADMIN_PATHS
 from gateway.limits import BodyLimitMiddleware, BodyTooLarge
 
 log = logging.getLogger("microbatch.gateway")
@@ -52,11 +53,13 @@ class GatewayApp(FastAPI):
         *args: Any,
         max_body_bytes: int,
         on_error: Callable[[MicrobatchError], Response],
+        admin: Callable[[dict], bool] = lambda scope: False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._max_body_bytes = max_body_bytes
         self._on_error = on_error
+        self._admin = admin  # whether a connection came in on the admin port
         self._hot: dict[str, Any] = {}
         self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
 
@@ -67,6 +70,10 @@ class GatewayApp(FastAPI):
         self._hot[path] = BodyLimitMiddleware(app, max_bytes=self._max_body_bytes)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self._admin(scope) and scope["path"] not in ADMIN_PATHS:
+            error = RouteNotFound("the admin port serves /metrics, /healthz and /readyz only")
+            await self._on_error(error)(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             route = self._hot.get(_route_path(scope))
             if route is not None:

@@ -132,6 +132,7 @@ def serve(
         store = open_store(settings)
         await check_access(store)
         server = _uvicorn_server(settings, create_app(settings, store))
+        sockets = _listen(settings)
         worker_stop = asyncio.Event()
         _stop_on_signals(lambda: setattr(server, "should_exit", True))
         # a worker that dies takes the gateway down with it: serving without one only fails
@@ -141,7 +142,7 @@ def serve(
             lambda exc: setattr(server, "should_exit", True),
         )
         try:
-            await server.serve()
+            await server.serve(sockets=sockets)
         finally:
             worker_stop.set()  # after the gateway: its in-flight requests need the worker
             await worker
@@ -218,7 +219,7 @@ async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None
     _stop_on_signals(lambda: setattr(server, "should_exit", True))
     gc_tuning.freeze_startup_heap()
     try:
-        await server.serve(sockets=sockets)
+        await server.serve(sockets=sockets or _listen(settings))
     finally:
         await close_store(store)
 
@@ -229,11 +230,20 @@ def _gateway_process(settings: Settings, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     setup_logging(settings.log_level, settings.log_format)
     try:
-        sock = reuse_port_socket(settings.host, settings.port, listen=True)
+        sockets = _listen(settings, always=True)
     except OSError as exc:
-        typer.echo(f"microbatch: cannot listen on {settings.host}:{settings.port}: {exc}", err=True)
+        typer.echo(f"microbatch: cannot listen on {settings.host}: {exc}", err=True)
         sys.exit(START_FAILED)
-    sys.exit(_exit_code(_serve_gateway(settings, [sock])))
+    sys.exit(_exit_code(_serve_gateway(settings, sockets)))
+
+
+def _listen(settings: Settings, always: bool = False) -> list[socket.socket] | None:
+    """The gateway's listening sockets: the API port and, where set, the admin port (both
+    SO_REUSEPORT, so `--processes N` children share them); None: uvicorn binds the one."""
+    if settings.admin_port is None and not always:
+        return None
+    ports = [settings.port] if settings.admin_port is None else [settings.port, settings.admin_port]
+    return [reuse_port_socket(settings.host, port, listen=True) for port in ports]
 
 
 def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) -> None:

@@ -7,8 +7,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from common.errors import MicrobatchError, ModelNotFound
+from common.errors import MicrobatchError, ModelNotFound, RouteNotFound
 from common.protocol import ModelKind
+from gateway.admin import on_admin_port
 from gateway.auth import check_api_key
 from gateway.catalog import ModelEntry
 from gateway.request import error_response
@@ -93,7 +94,18 @@ async def readyz(request: Request) -> Response:
     return Response(orjson.dumps(body), 200 if ready else 503, media_type="application/json")
 
 
-async def prometheus() -> Response:
+async def prometheus(request: Request) -> Response:
+    """With an admin port, only there (open: reach it only from inside); else on the API
+    port, behind the API key when keys are set (Prometheus sends it as a bearer token)."""
+    settings = request.app.state.services.settings
+    try:
+        if settings.admin_port is not None:
+            if not on_admin_port(request.scope, settings.admin_port):
+                raise RouteNotFound(f"/metrics is served on the admin port {settings.admin_port}")
+        else:
+            check_api_key(request.headers.get("authorization"), settings.api_keys)
+    except MicrobatchError as exc:
+        return error_response(exc, None)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -173,3 +173,36 @@ def test_only_keys_the_operator_lists_may_ask_for_interactive_priority(
     assert error["param"] == "X-Microbatch-Priority" and "slow" not in refused.text
     assert post("fast", "interactive").status_code == 200
     assert post("slow", "batch").status_code == 200
+
+
+def test_with_keys_metrics_and_docs_are_not_open_and_an_admin_port_serves_probes(
+    redis_url: str, processes: Processes
+) -> None:
+    admin_port = free_port()
+    common = {"redis_url": redis_url, "model": "noop", "api_keys": "sk-1"}
+    processes.start("worker", **common)
+    apart = processes.start("gateway", admin_port=admin_port, **common)
+    keyed = processes.start("gateway", **common)
+    shown = processes.start("gateway", public_docs="true", **common)
+    for proc in (apart, keyed, shown):
+        wait_ready(proc)
+    admin = f"http://127.0.0.1:{admin_port}"
+    key = {"Authorization": "Bearer sk-1"}
+
+    moved = httpx.get(f"{apart.base_url}/metrics", headers=key)
+    assert moved.status_code == 404 and f"admin port {admin_port}" in moved.text
+    assert "microbatch_requests_total" in httpx.get(f"{admin}/metrics").text  # no key there
+    assert httpx.get(f"{admin}/healthz").status_code == 200
+    assert httpx.get(f"{admin}/readyz").status_code == 200
+    assert httpx.get(f"{apart.base_url}/readyz").status_code == 200  # probes stay where they were
+    only_probes = httpx.post(f"{admin}/v1/embeddings", json={"input": "x"}, headers=key)
+    assert only_probes.status_code == 404 and "admin port serves" in only_probes.text
+    assert httpx.get(f"{admin}/v1/models", headers=key).status_code == 404
+    answered = httpx.post(f"{apart.base_url}/v1/embeddings", json={"input": "x"}, headers=key)
+    assert answered.status_code == 200
+
+    assert httpx.get(f"{keyed.base_url}/metrics").status_code == 401
+    assert httpx.get(f"{keyed.base_url}/metrics", headers=key).status_code == 200
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        assert httpx.get(f"{keyed.base_url}{path}").status_code == 404, path
+    assert httpx.get(f"{shown.base_url}/openapi.json").status_code == 200
