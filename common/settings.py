@@ -238,12 +238,6 @@ class Settings(GatewaySettings, BaseSettings):
     noop_compute_ms: float = Field(
         default=0.0, ge=0, description="simulated time per batch of the `noop` model"
     )
-    noop_fail_token: int | None = Field(
-        default=None, description="fault-test seam: a row with this token fails"
-    )
-    noop_crash_token: int | None = Field(
-        default=None, description="fault-test seam: a batch with this token kills the process"
-    )
 
     # Logging
     log_level: Literal["debug", "info", "warning", "error"] = Field(

@@ -97,7 +97,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "metrics_port",
         "profile_dir",
     ),
-    "The `noop` model": ("noop_dim", "noop_compute_ms", "noop_fail_token", "noop_crash_token"),
+    "The `noop` model": ("noop_dim", "noop_compute_ms"),
     "Logging": ("log_level", "log_format"),
 }
 

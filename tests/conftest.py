@@ -208,13 +208,20 @@ class Processes:
     started: list[Proc] = field(default_factory=list)
 
     def start(self, role: str, *args: str, **settings: object) -> Proc:
+        """`microbatch <role> *args`, configured by `settings` (as MICROBATCH_* variables)."""
+        return self.start_module("common.cli", role, *args, **settings)
+
+    def start_module(self, module: str, *args: str, **settings: object) -> Proc:
+        """`python -m module *args`: a role (`common.cli`) or a test's own process
+        (`tests.fault_worker`)."""
+        role = args[0] if module == "common.cli" else module.rsplit(".", 1)[-1]
         port = None
         if role in ("serve", "gateway"):
             port = int(settings.setdefault("port", free_port()))
         log = self.tmp / f"{role}-{len(self.started)}.log"
         with log.open("wb") as handle:  # the child keeps its own descriptor
             popen = subprocess.Popen(
-                [sys.executable, "-m", "common.cli", role, *args],
+                [sys.executable, "-m", module, *args],
                 cwd=ROOT,
                 env=process_env(**settings),
                 stdout=handle,

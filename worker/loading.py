@@ -59,12 +59,7 @@ def load_model(settings: Settings) -> LoadedModel:
             ModelKind.CLASSIFIER,
         )
     if settings.model == NOOP_MODEL:
-        runner: Runner = NoopRunner(
-            settings.noop_dim,
-            settings.noop_compute_ms,
-            settings.noop_fail_token,
-            settings.noop_crash_token,
-        )
+        runner: Runner = NoopRunner(settings.noop_dim, settings.noop_compute_ms)
     else:
         runner = encoder_runner(settings, files)
     return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))

@@ -143,8 +143,15 @@ def batch_profiler(settings: Settings, name: str) -> BatchProfiler | None:
     return BatchProfiler(settings.profile_dir, name, device=settings.device)
 
 
-async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | None = None) -> None:
-    """Serve `settings.model` until `stop` is set; then finish what it holds and return."""
+async def run_worker(
+    settings: Settings,
+    stop: asyncio.Event,
+    store: Store | None = None,
+    load: Callable[[Settings], LoadedModel] = load_model,
+) -> None:
+    """Serve `settings.model` until `stop` is set; then finish what it holds and return.
+    `load` makes the model: the real loader, or a test's scripted one (a fault seam kept
+    out of the settings, so no deployment can switch it on)."""
     own_store = store is None
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     store = open_store(settings) if store is None else store
@@ -152,7 +159,7 @@ async def run_worker(settings: Settings, stop: asyncio.Event, store: Store | Non
         await check_access(store)
         # loaded on the thread that runs batches on every core (see compute_threads)
         compute = ComputeThreads()
-        model = await asyncio.wrap_future(compute.first.submit(load_model, settings))
+        model = await asyncio.wrap_future(compute.first.submit(load, settings))
         consumer = build_consumer(settings, store, model, compute)
         gc_tuning.freeze_startup_heap()  # the model's Python objects leave every later scan
         # Only an outage is worth retrying; a configuration error (a `default_prompt_name`

@@ -259,11 +259,11 @@ def test_a_poison_input_is_dead_lettered_after_max_deliveries_without_a_crash_lo
         "redis_url": redis_url,
         "model": "noop",
         "max_deliveries": 2,
-        "noop_crash_token": POISON,
         "worker_id": "w-poison",
         **QUICK,
     }
-    worker = processes.start("worker", **common)
+    crashing = ("tests.fault_worker", "--crash-token", str(POISON))
+    worker = processes.start_module(*crashing, **common)
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
 
@@ -277,7 +277,7 @@ def test_a_poison_input_is_dead_lettered_after_max_deliveries_without_a_crash_lo
                 if worker.popen.poll() is not None:
                     assert worker.popen.returncode == 70
                     restarts += 1
-                    worker = processes.start("worker", **common)  # what an orchestrator does
+                    worker = processes.start_module(*crashing, **common)  # as an orchestrator
         [response] = await request
         return response, restarts
 
@@ -299,11 +299,10 @@ def test_one_bad_input_fails_alone_and_its_batch_mates_succeed(
     common = {
         "redis_url": redis_url,
         "model": "noop",
-        "noop_fail_token": BAD,
         "max_batch_size": 8,
         "max_wait_ms": 500,
     }
-    worker = processes.start("worker", **common)
+    worker = processes.start_module("tests.fault_worker", "--fail-token", str(BAD), **common)
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
     bodies = [{"input": [[101, 7, 102]]}] * 7 + [{"input": [[101, BAD, 102]]}]
