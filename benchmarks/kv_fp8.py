@@ -29,8 +29,8 @@ sys.path.insert(0, str(ROOT))
 def run(engine, prompts: list[list[int]], new: int) -> tuple[list[list[int]], list[np.ndarray]]:
     """Greedy tokens per prompt, and each step's logits per prompt (the engine's own forward,
     observed, not changed)."""
-    from worker.generate.engine import Admission
     from worker.generate.sampling import Sampling
+    from worker.generate.steps import Admission
 
     seen: list = []
     forward = engine._forward

@@ -47,8 +47,8 @@ def _engine_and_grammars(path: Path, threads: int):
 
 def run(engine, grammars, rows: int, steps: int, constrained: bool, seed: int) -> list[float]:
     """Step times (s) of `rows` sequences decoding together for `steps` steps."""
-    from worker.generate.engine import Admission
     from worker.generate.sampling import Sampling
+    from worker.generate.steps import Admission
 
     prompt = np.random.default_rng(seed).integers(3, 200, 32).astype(np.uint32)
 

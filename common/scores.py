@@ -30,6 +30,15 @@ class Scores:
             np.frombuffer(top_logprobs, "<f4").reshape(len(values), k),
         )
 
+    @classmethod
+    def concat(cls, parts: list[Scores]) -> Scores:
+        """Several runs' scores as one, in order (all with the same k)."""
+        return cls(
+            np.concatenate([p.logprobs for p in parts]),
+            np.concatenate([p.top_ids for p in parts]),
+            np.concatenate([p.top_logprobs for p in parts]),
+        )
+
     def pack(self) -> dict[str, bytes]:
         """The three byte fields, as `GenerationChunk` names them (without a prefix)."""
         return {

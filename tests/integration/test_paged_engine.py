@@ -16,8 +16,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.generate.engine import Admission, GenerationEngine
+from worker.generate.engine import GenerationEngine
 from worker.generate.sampling import Sampling
+from worker.generate.steps import Admission
 
 GREEDY = dict(temperature=0.0, top_p=1.0, seed=-1)
 

@@ -26,31 +26,10 @@ import torch
 from common.protocol import Scores
 from worker.generate.blocks import NULL_BLOCK, BlockManager
 from worker.generate.kv_store import KVStore
-from worker.generate.logprobs import concat, prompt_scores, token_scores
+from worker.generate.logprobs import prompt_scores, token_scores
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A sequence to prefill: its prompt, plus what it generated before a preemption."""
-
-    key: int
-    tokens: np.ndarray
-    sampling: Sampling
-    logprobs: int = -1  # alternatives to report per generated token; -1: no scores
-    prompt_logprobs: int = -1  # the same for its prompt tokens (needs every position's logits)
-    same_as: int | None = None  # a newcomer of this step with the same tokens: share its prefill
-
-
-@dataclass(frozen=True, slots=True)
-class Picked:
-    """What one step gave one sequence: its next token, and the scores it asked for."""
-
-    token: int
-    scores: Scores | None = None
-    prompt: Scores | None = None  # its prompt's, from the prefill that admitted it
-    cached: int = -1  # from a prefill: leading tokens the prefix cache held; -1: a decode
+from worker.generate.steps import Admission, Picked
 
 
 @dataclass(slots=True)
@@ -274,7 +253,7 @@ class GenerationEngine:
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
             a = group[i].admission
             scored = group[i].scores
-            prompt = concat(scored) if scored is not None else None
+            prompt = Scores.concat(scored) if scored is not None else None
             self._rows.append(_Row(b.key, len(a.tokens), token, b.sampling, b.logprobs))
             picked[b.key] = Picked(token, s, prompt, group[i].cached)
         return picked

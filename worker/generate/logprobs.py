@@ -76,12 +76,3 @@ def _top(values: torch.Tensor | None, rows: int, dtype: str) -> np.ndarray:
 def _on_cpu(top: torch.return_types.topk) -> torch.return_types.topk:
     """A topk's values and indices on the CPU (one copy each), where numpy reads them."""
     return torch.return_types.topk((top.values.cpu(), top.indices.cpu()))
-
-
-def concat(parts: list[Scores]) -> Scores:
-    """Several runs' scores as one, in order (all with the same k)."""
-    return Scores(
-        np.concatenate([p.logprobs for p in parts]),
-        np.concatenate([p.top_ids for p in parts]),
-        np.concatenate([p.top_logprobs for p in parts]),
-    )

@@ -25,9 +25,11 @@ from common.response_format import StructureError
 from common.settings import Settings
 from worker.compute_threads import ComputeThreads
 from worker.generate.constraints import Constraint, Grammars
-from worker.generate.engine import Admission, GenerationEngine, Picked
+from worker.generate.engine import GenerationEngine
+from worker.generate.sampling import Sampling
 from worker.generate.scheduler import EngineLimits, plan_step
 from worker.generate.sequence import Family, Sequence
+from worker.generate.steps import Admission, Picked
 from worker.held import Held
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply, error_reply
@@ -100,7 +102,9 @@ class GenerationLoop:
         """One sequence per choice the entry asks for, siblings of one family; an entry whose
         response format cannot be compiled is answered 400 at once."""
         entry = held.entry
-        n = entry.n if isinstance(entry, GenerateEntry) else 1
+        if not isinstance(entry, GenerateEntry):
+            raise TypeError("a generation loop was handed an embedding entry: this is a bug")
+        n = entry.n
         try:
             constraints = [self._constraint(entry) for _ in range(n)]
         except StructureError as exc:
@@ -120,8 +124,8 @@ class GenerationLoop:
                 attempt,
                 self._engine.eos_ids,
                 family,
+                Sampling.of(entry, self._engine.eos_ids, choice, constraint),
                 choice,
-                constraint,
             )
         self._inbox.wake()
 

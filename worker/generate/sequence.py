@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.protocol import GenerateEntry, GenerationChunk, Scores, encode, pack_tokens
-from worker.generate.constraints import Constraint
 from worker.generate.detokenize import IncrementalDetokenizer, StopMatcher
-from worker.generate.engine import Picked
-from worker.generate.logprobs import concat
-from worker.generate.sampling import Sampling
 from worker.generate.scheduler import SeqView
+from worker.generate.steps import Picked
 from worker.held import Held
 from worker.replies import Reply, within_limit
+
+if TYPE_CHECKING:  # its tensors stay in the loop and the engine
+    from worker.generate.sampling import Sampling
 
 log = logging.getLogger("microbatch.worker")
 
@@ -64,9 +65,11 @@ class Sequence:
         attempt: str,
         eos_ids: set[int],
         family: Family,
+        sampling: Sampling,
         choice: int = 0,
-        constraint: Constraint | None = None,
     ) -> Sequence:
+        """`sampling` is made by the loop (`Sampling.of`: torch tensors), so this
+        bookkeeping never imports torch."""
         entry = held.entry
         if not isinstance(entry, GenerateEntry):
             raise TypeError("a generation loop was handed an embedding entry: this is a bug")
@@ -74,7 +77,7 @@ class Sequence:
         return cls(
             held=held,
             order=order,
-            sampling=Sampling.of(entry, eos_ids, choice, constraint),
+            sampling=sampling,
             detokenizer=IncrementalDetokenizer(tokenizer, entry.token_ids()),
             stopper=StopMatcher(entry.stop),
             attempt=attempt,
@@ -172,7 +175,7 @@ class Sequence:
             queue_ms=self.queue_ms,
             worker=worker,
             choice=self.choice,
-            **(concat(scores).pack() if scores else {}),
+            **(Scores.concat(scores).pack() if scores else {}),
             **({f"prompt_{k}": v for k, v in prompt.pack().items()} if prompt else {}),
         )
         self.chunks += 1
