@@ -132,9 +132,27 @@ def test_compose_provisions_prometheus_and_grafana_from_checked_in_files() -> No
             assert (ROOT / source).exists(), source
     scrape = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
-    assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
+    assert jobs["gateway"]["static_configs"][0]["targets"]  # its port: the test below
     worker_env = services["worker"]["environment"]
     assert jobs["worker"]["dns_sd_configs"][0]["port"] == int(worker_env["MICROBATCH_METRICS_PORT"])
+
+
+def test_prometheus_scrapes_the_gateway_on_its_admin_port_which_is_not_published() -> None:
+    """With an admin port the gateway serves /metrics there only (404 on the API port), and
+    it needs no API key there: Prometheus reaches it on compose's network, the host never."""
+    gateway = compose()["services"]["gateway"]
+    command = gateway["command"]
+    api_port = int(command[command.index("--port") + 1])
+    admin_port = Settings(admin_port=gateway["environment"]["MICROBATCH_ADMIN_PORT"]).admin_port
+    assert admin_port is not None and admin_port != api_port
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in scrape["scrape_configs"]}
+    assert jobs["gateway"]["static_configs"] == [{"targets": [f"gateway:{admin_port}"]}]
+    published = [p.split(":")[-1].split("/")[0] for p in gateway.get("ports", [])]
+    assert published == [str(api_port)]
+    # the healthcheck asks the admin port: a gateway whose admin port is down is unhealthy
+    (url,) = re.findall(r"http://[\w.]+:\d+/healthz", " ".join(gateway["healthcheck"]["test"]))
+    assert url == f"http://127.0.0.1:{admin_port}/healthz"
 
 
 def test_the_image_installs_the_extras_every_backend_needs() -> None:

@@ -116,7 +116,7 @@ def test_custom_resources_validate_against_the_vendored_crd_schemas(target: str)
         if schema is not None:
             jsonschema.validate(obj, json.loads((SCHEMAS / schema).read_text()))
             checked.append(obj["kind"])
-    assert {"ScaledObject", "ServiceMonitor"} <= set(checked), checked
+    assert {"ScaledObject", "PodMonitor"} <= set(checked), checked
 
 
 def test_the_crd_schemas_refuse_a_misspelt_field() -> None:
@@ -188,9 +188,10 @@ def test_gateway_probes_readyz_and_healthz(target: str) -> None:
     (gateway,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "gateway"]
     (container,) = gateway["spec"]["template"]["spec"]["containers"]
     settings = container_settings(objects, container)
-    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": settings.port}
-    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": settings.port, "admin": settings.admin_port}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     autoscaled = {
         h["spec"]["scaleTargetRef"]["name"] for h in of_kind(objects, "HorizontalPodAutoscaler")
     }
@@ -284,20 +285,18 @@ def test_managed_redis_drops_the_statefulset_and_reads_the_url_from_the_secret()
 
 def test_monitors_select_the_pods_and_ports_that_serve_metrics() -> None:
     objects = render("overlays/cpu")
-    (pod_monitor,) = of_kind(objects, "PodMonitor")
-    selector = pod_monitor["spec"]["selector"]["matchLabels"]
-    for deployment in workers(objects):
-        assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    assert [e["port"] for e in pod_monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
-    (service_monitor,) = of_kind(objects, "ServiceMonitor")
-    (gateway,) = [s for s in of_kind(objects, "Service") if s["metadata"]["name"] == "gateway"]
-    assert (
-        service_monitor["spec"]["selector"]["matchLabels"].items()
-        <= gateway["metadata"]["labels"].items()
-    )
-    (endpoint,) = service_monitor["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
-    assert endpoint["port"] in {p["name"] for p in gateway["spec"]["ports"]}
+    monitors = {m["metadata"]["name"]: m for m in of_kind(objects, "PodMonitor")}
+    assert set(monitors) == {"microbatch-workers", "microbatch-gateway"}
+    for name, port, pods in (
+        ("microbatch-workers", "metrics", workers(objects)),
+        ("microbatch-gateway", "admin", [deployment(objects, "gateway")]),
+    ):
+        spec = monitors[name]["spec"]
+        for pod in pods:
+            assert selects(spec["selector"], pod["spec"]["template"]["metadata"]["labels"])
+            (container,) = pod["spec"]["template"]["spec"]["containers"]
+            assert port in {p["name"] for p in container["ports"]}
+        assert [(e["port"], e["path"]) for e in spec["podMetricsEndpoints"]] == [(port, "/metrics")]
 
 
 def test_the_grafana_dashboard_ships_as_a_sidecar_config_map() -> None:
@@ -584,7 +583,7 @@ def test_every_image_is_pinned_to_a_version(target: str) -> None:
 def test_network_policies_admit_only_what_each_pod_serves(target: str) -> None:
     objects = render(target)
     labels = pod_labels(objects)
-    allowed = {"gateway": {"http"}, "redis": {"redis"}}
+    allowed = {"gateway": {"http", "admin"}, "redis": {"redis"}}
     allowed |= {w["metadata"]["name"]: {"metrics"} for w in workers(objects)}
     assert set(allowed) - {"redis"} <= set(labels) <= set(allowed)  # no pod left unchecked
     for name, pod in labels.items():
@@ -636,3 +635,118 @@ def test_gateway_grace_outlasts_the_longest_request_it_accepts(target: str) -> N
     assert longest_s <= drain_s
     assert spec["terminationGracePeriodSeconds"] > int(sleep[1]) + drain_s
     assert spec["terminationGracePeriodSeconds"] >= longest_s
+
+
+# ---- the gateway's admin port --------------------------------------------------------------
+# With API keys set, /metrics needs a key on the API port, or moves to MICROBATCH_ADMIN_PORT,
+# which serves only /metrics, /healthz and /readyz: probes and Prometheus use that port, and
+# only the cluster reaches it (docs/kubernetes.md, "Gateway", "Monitoring").
+
+
+def gateway_pod(objects: tuple[dict, ...]) -> tuple[dict, dict, Settings]:
+    """The gateway pod's labels, its container and the Settings that container builds."""
+    template = deployment(objects, "gateway")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    return template["metadata"]["labels"], container, container_settings(objects, container)
+
+
+def port_number(container: dict, port: int | str) -> int:
+    """A port as a probe, Service, monitor or policy names it (its name or its number)."""
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return number
+
+
+def admin_port(settings: Settings) -> int:
+    assert settings.admin_port is not None, "the gateway has no MICROBATCH_ADMIN_PORT"
+    assert settings.admin_port != settings.port
+    return settings.admin_port
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gateway_probes_use_the_admin_port(target: str) -> None:
+    """/healthz and /readyz answer on both ports; the probes take the one that stays open to
+    the cluster whatever the API port requires."""
+    _, container, settings = gateway_pod(render(target))
+    admin = admin_port(settings)
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert port_number(container, container[probe]["httpGet"]["port"]) == admin, probe
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_gateway_metrics_are_scraped_on_the_admin_port(overlay: str) -> None:
+    """Every scrape of the gateway pods (a PodMonitor on them, or a ServiceMonitor on a
+    Service in front of them) reads /metrics on the admin port: the API port answers 404
+    there once an admin port is set."""
+    objects = render(f"overlays/{overlay}")
+    labels, container, settings = gateway_pod(objects)
+    admin = admin_port(settings)
+    scraped = []
+    for monitor in of_kind(objects, "PodMonitor"):
+        if selects(monitor["spec"]["selector"], labels):
+            for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+                scraped.append((port_number(container, endpoint["port"]), endpoint["path"]))
+    services = [
+        s
+        for s in of_kind(objects, "Service")
+        if s["spec"].get("selector") and selects({"matchLabels": s["spec"]["selector"]}, labels)
+    ]
+    for monitor in of_kind(objects, "ServiceMonitor"):
+        for service in services:
+            if not selects(monitor["spec"]["selector"], service["metadata"]["labels"]):
+                continue
+            ports = {p["name"]: p for p in service["spec"]["ports"]}
+            for endpoint in monitor["spec"]["endpoints"]:
+                if endpoint["port"] in ports:
+                    port = ports[endpoint["port"]]
+                    target_port = port.get("targetPort", port["port"])
+                    scraped.append((port_number(container, target_port), endpoint["path"]))
+    assert scraped, "nothing scrapes the gateway"
+    assert set(scraped) == {(admin, "/metrics")}, scraped
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_service_in_front_of_the_gateway_exposes_the_admin_port(target: str) -> None:
+    """The client-facing Service `gateway` (and any other Service selecting the gateway pods,
+    which an Ingress or a LoadBalancer could point at) carries the API port only."""
+    objects = render(target)
+    labels, container, settings = gateway_pod(objects)
+    admin = admin_port(settings)
+    services = {
+        s["metadata"]["name"]: s
+        for s in of_kind(objects, "Service")
+        if s["spec"].get("selector") and selects({"matchLabels": s["spec"]["selector"]}, labels)
+    }
+    assert "gateway" in services
+    for name, service in services.items():
+        for port in service["spec"]["ports"]:
+            target_port = port_number(container, port.get("targetPort", port["port"]))
+            assert target_port != admin and port["port"] != admin, (name, port)
+    (client,) = services["gateway"]["spec"]["ports"]
+    assert port_number(container, client["targetPort"]) == settings.port
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_network_policy_admits_the_admin_port_only_from_inside_the_cluster(target: str) -> None:
+    """The API port stays open to every client; the admin port (metrics without a key) only
+    with a `from` of cluster peers (pods, namespaces), never an ipBlock or the world."""
+    objects = render(target)
+    labels, container, settings = gateway_pod(objects)
+    admin = admin_port(settings)
+    rules = ingress_rules(objects, labels)
+    assert rules is not None, "no NetworkPolicy restricts the gateway's ingress"
+
+    def admits(rule: dict, number: int) -> bool:
+        return "ports" not in rule or any(
+            port_number(container, p["port"]) == number for p in rule["ports"]
+        )
+
+    assert any(admits(r, settings.port) and not r.get("from") for r in rules), "API port shut"
+    to_admin = [r for r in rules if admits(r, admin)]
+    assert to_admin, "the admin port is closed to Prometheus"
+    for rule in to_admin:
+        assert rule.get("from"), ("the admin port is open to everyone", rule)
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer, peer
+            assert {"namespaceSelector", "podSelector"} & set(peer), peer
