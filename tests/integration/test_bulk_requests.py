@@ -97,8 +97,9 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
     computed and none answered; a peer redoes both entries whole, and nothing stays pending."""
     common = {"redis_url": redis_url, "model": "noop", "max_entry_rows": 6, **QUICK}
     doomed_port = free_port()
-    doomed = processes.start(
-        "worker", noop_compute_ms=400, max_batch_size=2, metrics_port=doomed_port, **common
+    marked = ("tests.fault_worker", "--marked")  # vectors that name their input
+    doomed = processes.start_module(
+        *marked, noop_compute_ms=400, max_batch_size=2, metrics_port=doomed_port, **common
     )
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)
@@ -114,7 +115,7 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
 
     async def scenario() -> httpx.Response:
         async with httpx.AsyncClient(timeout=60) as client:
-            body = {"model": "noop", "input": [f"text {i}" for i in range(12)]}
+            body = {"model": "noop", "input": [[101, 1000 + i, 102] for i in range(12)]}
             request = asyncio.create_task(
                 client.post(f"{gateway.base_url}/v1/embeddings", json=body)
             )
@@ -127,12 +128,15 @@ def test_a_worker_killed_midway_through_a_bulk_entry_loses_none_of_its_rows(
             # a batch or two of its rows computed, no entry (six rows) answered yet
             await eventually(batches_of_the_doomed, 15, "a batch computed", until=lambda n: n >= 1)
             doomed.signal(signal.SIGKILL)
-            processes.start("worker", metrics_port=port, **common)
+            processes.start_module(*marked, metrics_port=port, **common)
             return await request
 
     response = asyncio.run(scenario())
     assert response.status_code == 200, response.text
-    assert [d["index"] for d in response.json()["data"]] == list(range(12))
+    data = response.json()["data"]
+    assert [d["index"] for d in data] == list(range(12))
+    # and each row's own vector in its place: redelivery kept the rows in input order
+    assert [d["embedding"][0] for d in data] == [101 + 1000 + i + 102 for i in range(12)]
     assert not response.headers["x-microbatch-worker"].endswith(str(doomed.popen.pid))
     assert sample(worker_metrics(port), "microbatch_redeliveries_total") == 2
     assert queue_counts(redis_url) == (0, 0)

@@ -55,7 +55,12 @@ def post(base: str, route: str, **body) -> dict:
     return response.json()
 
 
-def test_completion_logprobs_with_echo_equal_a_plain_forward(server, reference) -> None:
+def test_completion_logprobs_with_echo_equal_a_plain_forward(
+    server, reference, tiny_model: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     base, _ = server
     body = post(
         base,
@@ -79,11 +84,15 @@ def test_completion_logprobs_with_echo_equal_a_plain_forward(server, reference) 
         chosen = expected[i - 1, ids[i]]
         assert abs(logprobs["token_logprobs"][i] - chosen) < TOLERANCE, i
         # the chosen token and the 3 likeliest (fewer where two decode to the same text)
-        top3 = np.sort(expected[i - 1])[::-1][:3]
+        top3_ids = np.argsort(expected[i - 1])[::-1][:3]
+        top3 = expected[i - 1][top3_ids]
         values = list(logprobs["top_logprobs"][i].values())
         assert 2 <= len(values) <= 4
         for value in values:
             assert abs(value - chosen) < TOLERANCE or np.isclose(value, top3, atol=TOLERANCE).any()
+        # and by token: each key is the text of the chosen token or of one of the 3 likeliest
+        texts = {tokenizer.decode([int(t)], skip_special_tokens=False) for t in [*top3_ids, ids[i]]}
+        assert set(logprobs["top_logprobs"][i]) <= texts, i
     # greedy: every generated token is its position's likeliest
     for i in range(len(PROMPT), len(ids)):
         assert logprobs["token_logprobs"][i] == max(logprobs["top_logprobs"][i].values())
@@ -110,7 +119,12 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_without_generating(server, 
     assert np.allclose(got[1:], [expected[i - 1, ids[i]] for i in range(1, len(ids))], atol=1e-4)
 
 
-def test_chat_logprobs_and_top_logprobs_equal_a_plain_forward(server, reference) -> None:
+def test_chat_logprobs_and_top_logprobs_equal_a_plain_forward(
+    server, reference, tiny_model: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
     base, _ = server
     messages = [{"role": "user", "content": "kalo mine rusa?"}]
     body = post(
@@ -137,7 +151,11 @@ def test_chat_logprobs_and_top_logprobs_equal_a_plain_forward(server, reference)
         assert abs(token["logprob"] - expected[i - 1, ids[i]]) < TOLERANCE
         assert token["bytes"] == list(token["token"].encode())
         alternatives = [t["logprob"] for t in token["top_logprobs"]]
-        assert np.allclose(alternatives, np.sort(expected[i - 1])[::-1][:2], atol=TOLERANCE)
+        likeliest = np.argsort(expected[i - 1])[::-1][:2]
+        assert np.allclose(alternatives, expected[i - 1][likeliest], atol=TOLERANCE)
+        # and by token, not by value only: each alternative is that token, decoded alone
+        pieces = [tokenizer.decode([int(t)], skip_special_tokens=False) for t in likeliest]
+        assert [t["token"] for t in token["top_logprobs"]] == pieces
 
 
 def _events(base: str, route: str, body: dict) -> list[dict]:

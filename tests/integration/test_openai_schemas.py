@@ -1,18 +1,22 @@
-"""Every generation answer fits OpenAI's published OpenAPI schema, checked with a JSON-schema
-validator, except where OpenAI's own API answers the same way: `finish_reason` null in stream
-chunks before the last (tests/openai/README.md), and, with `echo`, null as the first prompt
-token's log probability and alternatives (nothing predicts it; OpenAI's legacy API and vLLM
-answer so, while the schema's arrays hold numbers and objects only)."""
+"""Every answer fits OpenAI's published OpenAPI schema, checked with a JSON-schema validator:
+generation (whole and streamed), embeddings, the model list and every error body. Only where
+OpenAI's own API answers outside its schema is an answer changed before the check, and only
+there: `finish_reason` null in stream chunks before the last (tests/openai/README.md); with
+`echo`, null as the first prompt token's log probability and alternatives (nothing predicts
+it; OpenAI's legacy API and vLLM answer so); and a base64 embedding, a string where the
+schema has floats (OpenAI's `encoding_format: base64`)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
-from tests.conftest import Processes, RedisServer
+from tests.conftest import Processes, RedisServer, wait_ready
 from tests.integration.test_generation import serve_tiny
 from tests.openai import schema_errors
 
@@ -58,13 +62,14 @@ def _chunks(base: str, route: str, body: dict) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def _as_openai_answers(answer: dict) -> dict:
+def _as_openai_answers(answer: dict, stream: bool = False) -> dict:
     """What OpenAI's own API answers outside its schema, set to what the schema says; every
-    other field is left as it came."""
+    other field is left as it came. A null `finish_reason` is laundered only in a stream's
+    chunks: in a whole answer it is a defect."""
     choices = []
     for choice in answer["choices"]:
         choice = dict(choice)
-        if choice.get("finish_reason", "") is None:  # mid-stream
+        if stream and choice.get("finish_reason", "") is None:  # mid-stream
             choice["finish_reason"] = "stop"
         logprobs = choice.get("logprobs")
         if logprobs and "token_logprobs" in logprobs and logprobs["token_logprobs"][:1] == [None]:
@@ -90,11 +95,12 @@ def test_completion_stream_chunks_fit_the_same_schema(base: str, body: dict) -> 
     chunks = _chunks(base, "/v1/completions", body)
     usage = [c for c in chunks if not c["choices"]]
     assert len(usage) == 1 and schema_errors("CompletionUsage", usage[0]["usage"]) == []
-    for chunk in chunks:
-        if chunk["choices"]:
-            # a legacy stream's chunks are completion objects (OpenAI sends no other type)
-            fixed = _as_openai_answers(chunk)
-            assert schema_errors("CreateCompletionResponse", fixed) == [], chunk
+    answers = [c for c in chunks if c["choices"]]
+    assert answers and answers[-1]["choices"][-1]["finish_reason"] in ("stop", "length")
+    for chunk in answers:
+        # a legacy stream's chunks are completion objects (OpenAI sends no other type)
+        fixed = _as_openai_answers(chunk, stream=True)
+        assert schema_errors("CreateCompletionResponse", fixed) == [], chunk
 
 
 @pytest.mark.parametrize("body", CHATS)
@@ -105,5 +111,92 @@ def test_chat_answers_fit_create_chat_completion_response(base: str, body: dict)
 
 @pytest.mark.parametrize("body", CHATS)
 def test_chat_stream_chunks_fit_the_stream_schema(base: str, body: dict) -> None:
-    for chunk in _chunks(base, "/v1/chat/completions", body):
+    chunks = _chunks(base, "/v1/chat/completions", body)
+    finished = [c for c in chunks for choice in c["choices"] if choice["finish_reason"]]
+    assert len(finished) == body.get("n", 1) and len(chunks) > len(finished)  # chunks, then ends
+    for chunk in chunks:
         assert schema_errors("CreateChatCompletionStreamResponse", chunk) == [], chunk
+
+
+def test_the_model_list_and_one_model_fit_their_schemas(base: str) -> None:
+    listed = httpx.get(f"{base}/v1/models", timeout=30)
+    assert listed.status_code == 200
+    assert schema_errors("ListModelsResponse", listed.json()) == []
+    assert listed.json()["data"], "no model listed: the check above checked no Model"
+    name = listed.json()["data"][0]["id"]
+    one = httpx.get(f"{base}/v1/models/{name}", timeout=30)
+    assert one.status_code == 200 and schema_errors("Model", one.json()) == []
+
+
+BAD_CALLS = [
+    ("/v1/completions", {"prompt": [5] * 1020, "max_tokens": 10}, 400),
+    ("/v1/completions", {"prompt": "x", "model": "no-such-model"}, 404),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, 422),
+    ("/v1/chat/completions", {"messages": []}, 422),
+    ("/v1/embeddings", {"input": "x"}, 400),  # a causal LM serves no embeddings
+    ("/v1/no-such-route", {}, 404),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "status"), BAD_CALLS)
+def test_every_error_body_fits_the_error_schema(
+    base: str, route: str, body: dict, status: int
+) -> None:
+    response = httpx.post(f"{base}{route}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert schema_errors("ErrorResponse", response.json()) == []
+
+
+def test_the_checker_catches_what_the_answers_must_not_do() -> None:
+    """The validator, and the laundering, can fail: each answer below breaks the schema."""
+    whole = {
+        "id": "c", "object": "text_completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "text": "x", "logprobs": None, "finish_reason": None}],
+    }  # fmt: skip
+    assert schema_errors("CreateCompletionResponse", _as_openai_answers(whole)) != []
+    assert schema_errors("CreateCompletionResponse", _as_openai_answers(whole, True)) == []
+    assert schema_errors("ErrorResponse", {"error": {"message": "m", "type": "t"}}) != []
+    assert schema_errors("ListModelsResponse", {"object": "list", "data": [{"id": 1}]}) != []
+
+
+@pytest.fixture(scope="module")
+def encoder(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory):
+    """A gateway and a `noop` embedding worker, under their own key prefix."""
+    processes = Processes(tmp_path_factory.mktemp("embedding-schemas"))
+    settings = {"redis_url": redis_server.url, "model": "noop", "prefix": "mbembschema"}
+    try:
+        processes.start("worker", **settings)
+        gateway = processes.start("gateway", **settings)
+        wait_ready(gateway)
+        yield gateway.base_url
+    finally:
+        processes.stop_all()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"input": "one text"},
+        {"input": ["two", "texts"], "user": "someone"},
+        {"input": [[101, 7592, 102]]},
+        {"input": ["a", "b", "c"], "encoding_format": "base64"},
+    ],
+)
+def test_embeddings_fit_create_embedding_response(encoder: str, body: dict) -> None:
+    response = httpx.post(f"{encoder}/v1/embeddings", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    if body.get("encoding_format") == "base64":  # a string where the schema has floats
+        for item in answer["data"]:
+            vector = np.frombuffer(base64.b64decode(item["embedding"]), "<f4")
+            item["embedding"] = vector.tolist()
+    assert len(answer["data"]) == (1 if isinstance(body["input"], str) else len(body["input"]))
+    assert schema_errors("CreateEmbeddingResponse", answer) == []
+
+
+def test_an_embedding_error_fits_the_error_schema(encoder: str) -> None:
+    response = httpx.post(f"{encoder}/v1/embeddings", json={"input": []}, timeout=30)
+    assert response.status_code == 400
+    assert schema_errors("ErrorResponse", response.json()) == []
+    bad = {"data": [{"index": 0, "embedding": "AAAA", "object": "embedding"}]}
+    assert schema_errors("CreateEmbeddingResponse", bad) != []  # the check can fail
