@@ -28,6 +28,17 @@ def cosines(a: list[np.ndarray], b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+# "Exactly", as float32 allows: the largest difference from the reference seen on the test
+# host was 2.5e-7 (ONNX) and 0 (the trace); 1e-5 leaves a 40x margin and still refuses a
+# half-precision runner (bfloat16 is ~1e-2 off), which the cosine bound of 0.9999 used here
+# before let through on 5 of 6 texts.
+ATOL = 1e-5
+
+
+def same(got: list[np.ndarray], want: np.ndarray) -> bool:
+    return bool(np.abs(np.stack(got) - want).max() <= ATOL)
+
+
 @pytest.fixture(scope="module")
 def onnx_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("onnx")
@@ -47,18 +58,18 @@ def test_the_onnx_backend_matches_the_reference_and_exports_once(
     exported = list(tmp_path.glob("*.onnx"))
     assert len(exported) == 1
     want = reference_model.encode(TEXTS)
-    assert cosines(runner.embed(rows), want).min() >= 0.9999
+    assert same(runner.embed(rows), want)
     again = OnnxRunner(files, cache_dir=tmp_path)  # served from the cache: no new export
     assert list(tmp_path.glob("*.onnx")) == exported
-    assert cosines(again.embed(rows[:1]), want[:1]).min() >= 0.9999
+    assert same(again.embed(rows[:1]), want[:1])
 
     # Streams: batches side by side, each on a 1-thread session, and a lone one on two.
     with ThreadPoolExecutor(2) as pool:
         halves = [pool.submit(runner.embed, rows[i::2], threads=1) for i in (0, 1)]
         side_by_side = [f.result() for f in halves]
-    assert cosines(side_by_side[0], want[0::2]).min() >= 0.9999
-    assert cosines(side_by_side[1], want[1::2]).min() >= 0.9999
-    assert cosines(runner.embed(rows, threads=2), want).min() >= 0.9999
+    assert same(side_by_side[0], want[0::2])
+    assert same(side_by_side[1], want[1::2])
+    assert same(runner.embed(rows, threads=2), want)
     assert runner.concurrent
 
 
@@ -68,14 +79,14 @@ def test_the_torchscript_trace_matches_the_reference_at_any_batch_shape(
     runner = TorchRunner(describe("all-MiniLM-L6-v2"), torchscript=True)
     assert runner.traced  # MiniLM traces: what the default serves
     want = reference_model.encode(TEXTS)
-    assert cosines(runner.embed(rows), want).min() >= 0.9999  # 4 rows of 3..~100 tokens
+    assert same(runner.embed(rows), want)  # 4 rows of 3..~100 tokens
     for i, row in enumerate(rows):  # one at a time: other shapes than the trace saw
-        assert cosines(runner.embed([row]), want[i : i + 1]).min() >= 0.9999
+        assert same(runner.embed([row]), want[i : i + 1])
     with ThreadPoolExecutor(2) as pool:  # two streams on one trace, as under load
         halves = [pool.submit(runner.embed, rows[i::2], threads=1) for i in (0, 1)]
         side_by_side = [f.result() for f in halves]
-    assert cosines(side_by_side[0], want[0::2]).min() >= 0.9999
-    assert cosines(side_by_side[1], want[1::2]).min() >= 0.9999
+    assert same(side_by_side[0], want[0::2])
+    assert same(side_by_side[1], want[1::2])
 
 
 def test_a_trace_that_disagrees_with_eager_is_refused() -> None:
@@ -146,11 +157,11 @@ def test_backend_auto_serves_each_bucket_on_its_engine_and_matches_the_reference
     calls.clear()
     got = runner.embed([rows[i] for i in short])
     assert calls == ["onnx"]
-    assert cosines(got, want[short]).min() >= 0.9999
+    assert same(got, want[short])
     calls.clear()
     got = runner.embed(rows, threads=1)  # the longest member decides: torch
     assert calls == ["torch"]
-    assert cosines(got, want).min() >= 0.9999
+    assert same(got, want)
     assert runner.embed([]) == []
     with pytest.raises(ValueError, match="bucket"):
         HybridRunner(engines, [16, 128], {16: "onnx"})

@@ -47,7 +47,7 @@ def test_redis_down_gets_a_fast_503_with_retry_after(processes: Processes, tmp_p
     assert r.status_code == 503, r.text
     assert int(r.headers["retry-after"]) >= 1
     assert r.json()["error"]["type"] == "service_unavailable"
-    assert elapsed < 5, f"503 took {elapsed:.1f}s"
+    assert elapsed < 1, f"503 took {elapsed:.1f}s"  # 20 ms seen; a socket timeout is 5 s
     ready = httpx.get(f"{gateway.base_url}/readyz", timeout=30)
     assert ready.status_code == 503 and ready.json()["redis"] is False
 

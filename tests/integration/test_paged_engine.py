@@ -196,12 +196,14 @@ def test_fp8_storage_halves_bfloat16_and_stays_close(tiny_model: Path, reference
     assert half.store.bytes_per_token() * 2 == full.store.bytes_per_token()
     jobs = [(list(range(5, 40)), 12), (list(range(100, 120)), 12)]
     out = drive(fp8, jobs, AllAtOnce())
-    same = sum(
-        a == b
-        for j, (p, n) in enumerate(jobs)
-        for a, b in zip(out[j], reference(p, n), strict=True)
-    )
-    assert same >= 12  # a quantized cache may drift late; it must not be garbage from the start
+    pairs = [list(zip(out[j], reference(p, n), strict=True)) for j, (p, n) in enumerate(jobs)]
+    same = sum(a == b for run in pairs for a, b in run)
+    leading = [next((i for i, (a, b) in enumerate(run) if a != b), len(run)) for run in pairs]
+    # A quantized cache may drift where a random-weight model's logits nearly tie; on the test
+    # host 14 of 24 tokens matched (the first job's first 11, the second's first 3). The
+    # bounds leave one token for a host whose matmuls round differently; garbage from the
+    # start, or a cache read back wrong, matches almost none.
+    assert same >= 13 and leading[0] >= 10 and leading[1] >= 2, (same, leading)
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 5, 16])

@@ -81,7 +81,7 @@ def test_redis_restarted_with_its_data_everything_reconnects_and_accepted_work_f
 
     accepted, during, fast = asyncio.run(scenario())
     assert during.status_code == 503 and int(during.headers["retry-after"]) >= 1
-    assert fast < 5, f"the outage answer took {fast:.1f}s"
+    assert fast < 1, f"the outage answer took {fast:.1f}s"  # 20 ms seen; a socket timeout: 5 s
     # The append-only file kept the entries and the pending list: nothing accepted is lost.
     assert [r.status_code for r in accepted] == [200] * 4
     wait_status(gateway.base_url, 200)
