@@ -63,6 +63,21 @@ class GatewayApp(FastAPI):
         self._hot: dict[str, Any] = {}
         self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
 
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with each hot route's body definitions (`$defs`, which a
+        pydantic schema carries inside itself) moved to `components/schemas`, where a
+        `$ref` in an OpenAPI document resolves: clients and fuzzers read the bodies whole."""
+        if self.openapi_schema is None:
+            spec = super().openapi()
+            schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+            for operations in spec.get("paths", {}).values():
+                for operation in operations.values():
+                    body = operation.get("requestBody", {}).get("content", {})
+                    for media in body.values():
+                        schemas.update(media.get("schema", {}).pop("$defs", {}))
+            self.openapi_schema = _components_refs(spec)
+        return self.openapi_schema
+
     def add_hot_route(self, path: str, handler: Handler, **route_kwargs: Any) -> None:
         """A POST route served straight from `__call__`; FastAPI keeps it for its schema."""
         self.add_api_route(path, handler, methods=["POST"], **route_kwargs)
@@ -81,6 +96,20 @@ class GatewayApp(FastAPI):
                 await route(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+def _components_refs(node: Any) -> Any:
+    """Every `#/$defs/X` reference as `#/components/schemas/X`."""
+    if isinstance(node, dict):
+        return {
+            key: value.replace("#/$defs/", "#/components/schemas/", 1)
+            if key == "$ref" and isinstance(value, str)
+            else _components_refs(value)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_components_refs(item) for item in node]
+    return node
 
 
 def _route_path(scope: dict) -> str:

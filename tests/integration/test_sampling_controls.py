@@ -165,3 +165,31 @@ def test_an_option_out_of_range_is_refused_naming_it(
     answer = httpx.post(f"{base}/v1/completions", json=body, timeout=30)
     assert answer.status_code == status, answer.text
     assert answer.json()["error"]["param"] == param
+
+
+def test_options_at_the_edge_of_their_range_answer_and_leave_the_worker_serving(
+    base: str,
+) -> None:
+    """A temperature or penalty of 5e-324 overflows the logits to inf (softmax: NaN). The
+    Schemathesis fuzz found one such request killing the worker; each is an answer now, a
+    tiny temperature the greedy one."""
+
+    def complete(**options: object) -> httpx.Response:
+        body = {"prompt": [5, 9, 30], "max_tokens": 6, "ignore_eos": True, **options}
+        return httpx.post(f"{base}/v1/completions", json=body, timeout=30)
+
+    greedy = complete(temperature=0)
+    assert greedy.status_code == 200, greedy.text
+    tiny = complete(temperature=5e-324, seed=1)
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    for options in (
+        {"repetition_penalty": 5e-324, "temperature": 1.0, "seed": 2},
+        {"repetition_penalty": 5e-324, "top_p": 5e-324, "temperature": 0.7, "seed": 3},
+        {"temperature": 5e-324, "min_p": 1.0, "top_k": 1, "seed": 4},
+    ):
+        answer = complete(**options)
+        assert answer.status_code == 200, (options, answer.text)
+    assert (
+        complete(temperature=0).json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    )

@@ -2,7 +2,10 @@
 
 The random-JSON fuzz next door ignores the schema; this one reads `/openapi.json` from the
 running gateway and generates requests that follow it (and ones that break it), so every
-route and every field the gateway advertises is exercised the way a client would.
+route and every field the gateway advertises is exercised the way a client would. The fleet
+is real and whole: a real redis-server, and workers of all three kinds (an embedding model,
+a causal LM, a cross-encoder), each route's requests aimed at a model of its kind, so a
+generation or rerank body reaches its worker instead of stopping at the model-kind check.
 
 Schemathesis' `pytest.from_fixture` breaks on pytest 9 (it rewrites `node._nodeid`), so the
 schema is loaded inside the test and each operation's Hypothesis strategy is driven here.
@@ -17,31 +20,72 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.conftest import Processes, wait_ready
+from tests.conftest import Processes, RedisServer, wait_ready
 
 pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 EXAMPLES_PER_OPERATION = 50
 
 
+# the model each route's fuzzed requests name (the rest name none, or keep what they drew)
+KIND_OF_ROUTE = {
+    "/v1/embeddings": "noop",
+    "/embed": "noop",
+    "/v1/completions": "lm",
+    "/v1/chat/completions": "lm",
+    "/tokenize": "lm",
+    "/detokenize": "lm",
+    "/v1/rerank": "reranker",
+    "/rerank": "reranker",
+    "/v2/rerank": "reranker",
+    "/classify": "reranker",
+    "/predict": "reranker",
+}
+
+
 @pytest.fixture(scope="module")
-def gateway_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    procs = Processes(tmp_path_factory.mktemp("schema"))
-    serve = procs.start("serve", model="noop", max_wait_ms=0)
-    wait_ready(serve)
-    yield serve.base_url
-    procs.stop_all()
+def gateway_url(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    from worker.encode.tiny_classifier import write_tiny_classifier
+    from worker.generate.tiny_model import TinyShape, write_tiny_model
+
+    root = tmp_path_factory.mktemp("schema")
+    reranker = write_tiny_classifier(root / "reranker")
+    # a context of 96 tokens: every generation the fuzz draws ends in a few dozen steps
+    lm = write_tiny_model(root / "lm", TinyShape(max_positions=96))
+    procs = Processes(root)
+    common = {"redis_url": redis_server.url, "prefix": "mbfuzz"}  # its own keys
+    try:
+        procs.start("worker", model="noop", max_wait_ms=0, **common)
+        procs.start("worker", model=lm, served_model_name="lm", **common)
+        procs.start("worker", model=reranker, served_model_name="reranker", **common)
+        gateway = procs.start("gateway", model="noop", **common)
+        wait_ready(gateway, models=3)
+        yield gateway.base_url
+    finally:
+        procs.stop_all()
+
+
+def _aimed(case: schemathesis.Case) -> None:
+    """Name a model of the route's kind in a JSON body that is a map (a drawn name is almost
+    never served: a 404 before any worker)."""
+    kind = KIND_OF_ROUTE.get(case.operation.path)
+    if kind is not None and isinstance(case.body, dict):
+        case.body["model"] = kind
 
 
 def _fuzz(operation: schemathesis.APIOperation, url: str) -> None:
     @settings(
         max_examples=EXAMPLES_PER_OPERATION,
         deadline=None,
+        derandomize=True,  # the same examples every run: CI is reproducible, not a lottery
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
     @given(case=operation.as_strategy())
     def call(case: schemathesis.Case) -> None:
-        response = case.call(base_url=url, timeout=30)
+        _aimed(case)
+        response = case.call(base_url=url, timeout=60)
         case.validate_response(response, checks=[not_a_server_error])
 
     call()
@@ -52,5 +96,26 @@ def test_requests_the_openapi_spec_describes_never_get_a_5xx(gateway_url: str) -
     operations = [result.ok() for result in schema.get_all_operations()]
     routes = {f"{op.method.upper()} {op.path}" for op in operations}
     assert {"POST /v1/embeddings", "GET /v1/models", "GET /readyz"} <= routes, routes
+    assert {"POST /v1/chat/completions", "POST /v1/rerank"} <= routes, routes
     for operation in operations:
         _fuzz(operation, gateway_url)
+    # the fuzz reached each kind's worker, not only the checks in front of it
+    answered = _answered(gateway_url)
+    for route in ("/v1/embeddings", "/v1/completions", "/v1/chat/completions", "/v1/rerank"):
+        assert answered.get(route, 0) > 0, (route, answered)
+
+
+def _answered(url: str) -> dict[str, float]:
+    """200s per route, from the gateway's own counter."""
+    import re
+
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("microbatch_requests_total{") and 'status="200"' in line:
+            route = re.search(r'route="([^"]+)"', line)
+            if route:
+                out[route.group(1)] = out.get(route.group(1), 0) + float(line.rsplit(" ", 1)[1])
+    return out

@@ -20,6 +20,7 @@ from common.protocol import GenerateEntry
 from worker.generate.constraints import Constraint
 
 CPU = "cpu"  # where a sequence's option tensors are kept; each use moves them to the row's
+FLOAT32_MAX = torch.finfo(torch.float32).max
 
 
 @dataclass(slots=True)
@@ -116,8 +117,16 @@ class Sampling:
             row[ids] -= times * self.frequency_penalty + self.presence_penalty
 
     def draw(self, row: torch.Tensor) -> int:
-        """One token from the row at this sequence's temperature, top_k, top_p and min_p."""
-        probs = torch.softmax(row.float() / self.temperature, -1)
+        """One token from the row at this sequence's temperature, top_k, top_p and min_p.
+        Options at the edge of their range (a temperature or repetition penalty of 5e-324)
+        would overflow the logits to inf, which softmax turns into NaN: the row is scaled
+        from its maximum (the likeliest at 0, the rest at or below), an overflowed logit
+        counts as the largest finite one, and a row with no finite distribution left gives
+        its likeliest token, the limit those options tend to; never an exception that
+        would take the worker and every sequence in its step down."""
+        finite = torch.nan_to_num(row.float(), nan=float("-inf"), posinf=FLOAT32_MAX)
+        scaled = (finite - finite.max()) / self.temperature  # the likeliest at 0: no overflow
+        probs = torch.softmax(scaled, -1)
         if 0 < self.top_k < probs.numel():
             kth = probs.topk(self.top_k).values[-1]
             probs[probs < kth] = 0.0
@@ -128,6 +137,8 @@ class Sampling:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
         if self.min_p > 0:
             probs[probs < self.min_p * probs.max()] = 0.0
+        if not bool(torch.isfinite(probs).all()) or not bool(probs.sum() > 0):
+            return int(finite.argmax())
         return int(torch.multinomial(probs, 1, generator=self._generator(probs.device)))
 
     def took(self, token: int) -> None:
