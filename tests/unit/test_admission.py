@@ -207,3 +207,29 @@ def test_a_per_model_mean_starts_at_its_default_and_follows_what_is_seen() -> No
     mean.observe("m", 4000, 1)
     assert mean.of("m") == pytest.approx(400 + 0.05 * 3600)
     assert mean.of("other") is None
+
+
+def test_each_refusal_is_whole_and_the_depth_limit_is_inclusive() -> None:
+    nobody = admit(QueueState(depth=0, live_workers=0), 1, 100)
+    assert nobody == Rejected(
+        "no_workers", "no live worker serves this model right now", 1.0, code="no_workers"
+    )
+    assert admit(QueueState(depth=95, live_workers=1), 5, 100) == Admitted()  # 100: room
+    full = admit(QueueState(depth=96, live_workers=1), 5, 100)
+    assert full == Rejected(
+        "queue_full",
+        "queue for this model holds 96 inputs; adding 5 would exceed max_queue_depth 100",
+        1.0,
+    )
+    assert full.code == "overloaded"
+
+
+def test_a_measured_rate_that_is_not_positive_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="a measured service rate is positive; report None"):
+        QueueState(depth=1, live_workers=1, service_rate_per_s=0.0)
+
+
+def test_a_per_model_mean_with_a_default_answers_it_for_an_unseen_model() -> None:
+    from gateway.admission import PerModelMean
+
+    assert PerModelMean(default=1.0).of("never-seen") == 1.0

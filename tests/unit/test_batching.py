@@ -306,3 +306,52 @@ def test_parts_hold_every_row_once_within_their_limits(lengths: list[int], max_r
     for part in out:
         assert 0 < len(part) <= max_rows
         assert len({bucket_for(lengths[i], BUCKETS) or BUCKETS[-1] for i in part}) == 1
+
+
+def test_live_overrides_at_their_bounds_and_each_refusal_says_what() -> None:
+    from worker.encode.batching import raw_ms
+
+    edge = LIMITS.with_overrides(
+        {"max_batch_size": "1", "max_batch_tokens": "512", "max_wait_ms": "0"}, min_tokens=512
+    )
+    assert (edge.max_batch_size, edge.max_batch_tokens, edge.max_wait_s) == (1, 512, 0.0)
+    with pytest.raises(ValueError, match="unknown live batching setting 'max_batchsize'"):
+        LIMITS.with_overrides({"max_batchsize": "4"}, min_tokens=512)
+    with pytest.raises(ValueError, match=r"max_batch_tokens 100 \(at least 512\), max_wait_ms 5"):
+        LIMITS.with_overrides({"max_batch_tokens": "100", "max_wait_ms": "5"}, min_tokens=512)
+    assert (raw_ms(None), raw_ms(0.012), raw_ms(0.0025)) == ("auto", "12", "2.5")
+
+
+def test_an_entry_is_urgent_from_the_moment_it_has_starved() -> None:
+    limits = Limits(max_batch_size=4, max_batch_tokens=1024, max_wait_s=10.0, starvation_s=0.5)
+    decision = next_batch({128: [waiting(1, 10, at=1.0)]}, 1.5, limits)
+    assert isinstance(decision, Batch) and decision.trigger == "priority"
+
+
+def test_padding_exactly_at_the_limit_is_allowed_and_past_it_splits() -> None:
+    limits = Limits(max_batch_size=2, max_batch_tokens=1024, max_wait_s=0.0, max_padding_ratio=0.25)
+    exactly = next_batch({128: [waiting(1, 10), waiting(2, 20)]}, 1.0, limits)  # 30 of 40
+    assert isinstance(exactly, Batch) and sorted(exactly.keys) == [1, 2]
+    past = next_batch({128: [waiting(1, 10), waiting(2, 40)]}, 1.0, limits)  # 37.5% padding
+    assert isinstance(past, Batch) and len(past.keys) == 1 and past.trigger == "split"
+
+
+def test_a_batch_grows_to_its_padded_budget_exactly() -> None:
+    limits = Limits(max_batch_size=8, max_batch_tokens=40, max_wait_s=0.0)
+    queue = [waiting(i, 10) for i in range(6)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and len(decision.keys) == 4  # 4 x 10 = 40, no more
+    assert decision.trigger == "tokens" and decision.padded_tokens == 40
+
+
+def test_a_batch_cost_ignores_impossible_observations_and_takes_one_token() -> None:
+    from worker.encode.cost import BatchCost
+
+    cost = BatchCost(min_batches=2)
+    for tokens, seconds in ((0, 0.1), (10, 0.0), (10, float("inf"))):
+        cost.observe(tokens, seconds)
+    assert cost.estimate() is None  # none of them counted
+    cost.observe(1, 0.002)
+    cost.observe(101, 0.003)
+    fitted = cost.estimate()
+    assert fitted is not None and fitted.per_token_s == pytest.approx(1e-5)

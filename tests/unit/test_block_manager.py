@@ -177,3 +177,50 @@ def check_consistent(m: BlockManager, live: dict[int, list[int]]) -> None:
             refs[b] = refs.get(b, 0) + 1
     assert len(refs) == m.used
     assert all(m._refs[b] == n for b, n in refs.items())
+
+
+def test_a_pool_too_small_to_hold_anything_is_refused_and_two_blocks_is_enough() -> None:
+    for blocks, size in ((1, 4), (2, 0)):
+        with pytest.raises(ValueError, match="needs a block size and at least one usable"):
+            BlockManager(blocks, size)
+    smallest = BlockManager(2, 1)  # the null block and one usable block of one position
+    assert smallest.usable == 1 and smallest.used == 0
+    assert smallest.admit(1, [7]) == 0 and smallest.table(1) != [NULL_BLOCK]
+
+
+def test_the_stats_count_what_happened_each_time() -> None:
+    m = manager(blocks=3, caching=True)  # two usable blocks of four positions
+    run(m, 1, list(range(8)))  # two full blocks, named
+    m.free(1)
+    assert (m.stats.queried_tokens, m.stats.hit_tokens, m.stats.evictions) == (8, 0, 0)
+    assert m.admit(2, [*range(8), 50][:8]) == 4  # the last token is always recomputed
+    m.free(2)
+    assert (m.stats.queried_tokens, m.stats.hit_tokens) == (16, 4)
+    assert m.admit(3, list(range(8)), reuse=False) == 0  # asked not to reuse: no hit counted
+    assert m.stats.hit_tokens == 4 and m.stats.evictions == 2  # both named blocks reused
+    m.free(3)
+
+
+def test_exactly_enough_free_blocks_admit_and_one_fewer_refuses_with_the_numbers() -> None:
+    m = manager(blocks=4, caching=False)  # three usable
+    m.admit(1, list(range(12)))  # all three
+    m.free(1)
+    m.admit(2, list(range(8)))  # two of three
+    with pytest.raises(MemoryError, match="2 blocks needed, 1 free"):
+        m.admit(3, list(range(8)))
+    assert m.admit(4, list(range(4))) == 0  # the last one: exactly enough
+    with pytest.raises(KeyError, match="sequence 4 already holds blocks"):
+        m.admit(4, [1])
+
+
+def test_copy_on_write_counts_each_copy_and_keeps_the_sibling_s_block() -> None:
+    m = manager()
+    run(m, 1, [1, 2, 3, 4, 5, 6])  # the last block half full
+    m.fork(1, 2)
+    shared = m.table(1)[-1]
+    copied = m.append(2, 7)
+    assert copied is not None and copied[0] == shared and m.table(1)[-1] == shared
+    assert m.table(2)[-1] == copied[1] != shared and m.stats.copies == 1
+    assert m.append(2, 8) is None  # its own block now: no second copy
+    assert m.stats.copies == 1
+    assert m.append(1, 9) is None  # the sibling owns the shared block alone again

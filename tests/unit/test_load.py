@@ -94,3 +94,52 @@ def test_an_entrys_rows_counted_at_once_equal_its_rows_counted_one_by_one(
             one_by_one.observe(at)
     now = at + 0.001
     assert at_once.per_second(now) == pytest.approx(one_by_one.per_second(now), rel=1e-9)
+
+
+def test_observations_keep_a_fit_per_thread_count_and_per_bucket() -> None:
+    from worker.encode.cost import Observations
+
+    seen = Observations([128, 512])
+    assert seen.cost_at(4) == (None, {})  # nothing measured yet
+    for tokens in range(100, 1700, 100):  # 16 batches on 4 threads: 2 ms + 10 us a token
+        seen.batch(4, 128, tokens, 0.002 + tokens * 1e-5)
+    for tokens in range(200, 3400, 200):  # and on 1 thread, in the long bucket: 4 x slower
+        seen.batch(1, 512, tokens, 0.008 + tokens * 4e-5)
+    cost, per_bucket = seen.cost_at(4)
+    assert cost is not None and cost.fixed_s == pytest.approx(0.002)
+    assert cost.per_token_s == pytest.approx(1e-5)
+    assert set(per_bucket) == {128} and per_bucket[128].fixed_s == pytest.approx(0.002)
+    one, one_per_bucket = seen.cost_at(1)
+    assert one is not None and one.per_token_s == pytest.approx(4e-5)
+    assert set(one_per_bucket) == {512}
+    fallback, none = seen.cost_at(2)  # never run on 2 threads: any fitted count, no bucket
+    assert fallback in (cost, one) and none == {}
+
+
+def test_observations_count_arrivals_per_bucket() -> None:
+    from worker.encode.cost import Observations
+
+    seen = Observations([128, 512])
+    assert seen.rates(0.0) == {128: 0.0, 512: 0.0}
+    for i in range(50):
+        seen.arrival(128, i * 0.01)  # 100 a second
+    seen.arrival(512, 0.0, count=3)
+    seen.arrival(512, 0.49, count=1)
+    rates = seen.rates(0.49)
+    assert rates[128] == pytest.approx(100, rel=0.05)
+    assert 0 < rates[512] < rates[128]
+
+
+def test_limits_come_from_the_settings_field_by_field() -> None:
+    from common.settings import Settings
+    from worker.encode.batching import Limits
+    from worker.generate.scheduler import EngineLimits
+
+    settings = Settings(
+        max_batch_size=7, max_batch_tokens=9000, max_wait_ms=12, latency_slo_ms=250,
+        max_padding_ratio=0.3, starvation_ms=40, max_running_seqs=5, max_step_tokens=300,
+        kv_cache_tokens=4096, kv_block_size=8, chunked_prefill=False,
+    )  # fmt: skip
+    assert Limits.from_settings(settings) == Limits(7, 9000, 0.012, 0.25, 0.3, 0.04)
+    assert Limits.from_settings(Settings(max_wait_ms="auto")).max_wait_s is None
+    assert EngineLimits.from_settings(settings) == EngineLimits(5, 300, 4096, 8, False)

@@ -339,3 +339,28 @@ def test_a_reply_over_the_message_limit_becomes_an_error_saying_so() -> None:
     error = decode(payload)
     assert stream == "mb:reply:g" and isinstance(error, ErrorReply)
     assert (error.status, error.code) == (413, "reply_too_large")
+
+
+def test_what_is_not_a_message_is_refused_with_a_reason_at_each_gate() -> None:
+    import msgpack
+
+    with pytest.raises(ProtocolError, match="expected bytes, got str"):
+        decode("text")  # type: ignore[arg-type]
+    at_limit = b"\x00" * MAX_MESSAGE_BYTES  # the limit itself is allowed past the size gate
+    with pytest.raises(ProtocolError, match=r"not a msgpack message|not a map"):
+        decode(at_limit)
+    with pytest.raises(ProtocolError, match="exceeds"):
+        decode(at_limit + b"\x00")
+    with pytest.raises(ProtocolError, match="message is not a map"):
+        decode(msgpack.packb([1, 2]))
+    for tag in (None, ["req"], 7):  # no tag, an unhashable one, a number
+        body = {"v": VERSION} if tag is None else {"t": tag, "v": VERSION}
+        with pytest.raises(ProtocolError, match="unknown message tag"):
+            decode(msgpack.packb(body))
+    with pytest.raises(ProtocolError, match="not a msgpack message"):
+        decode(msgpack.packb({1: "int key"}))  # strict_map_key: keys are strings
+    with pytest.raises(ProtocolError, match="not a msgpack message"):
+        decode(msgpack.packb(msgpack.ExtType(1, b"x")))  # no extension types at all
+    wide = {f"k{i}": i for i in range(49)}  # more fields than any message has
+    with pytest.raises(ProtocolError, match="not a msgpack message"):
+        decode(msgpack.packb(wide))
