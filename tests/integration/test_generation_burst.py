@@ -287,3 +287,44 @@ def test_a_generation_for_a_gateway_that_left_stops_at_once(
     steps, finals, left = asyncio.run(scenario())
     assert steps < 300, f"{steps} steps for a gateway that had left"
     assert finals == 0 and left == 0  # never finished; acked all the same
+
+
+class _Broken:
+    """A grammar whose mask raises, as a bug in one sequence's own processing would."""
+
+    def mask(self, row) -> None:
+        raise RuntimeError("this sequence's mask failed")
+
+    def accept(self, token: int) -> None:
+        return None
+
+    def finished(self) -> bool:
+        return False
+
+
+def test_a_sequence_whose_own_sampling_fails_fails_alone_and_the_worker_goes_on(
+    redis_url: str, engine_and_tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.generate import loop as generation_loop
+    from worker.generate.sampling import Sampling
+
+    real_of = Sampling.of
+
+    def of(entry, eos_ids, choice=0, constraint=None):  # type: ignore[no-untyped-def]
+        broken = _Broken() if entry.id == "g.1" else constraint
+        return real_of(entry, eos_ids, choice, broken)
+
+    monkeypatch.setattr(generation_loop.Sampling, "of", staticmethod(of))
+    good = [_entry(0, [5, 6, 7]), _entry(2, [8, 9, 10], n=2, temperature=0.8, seed=3)]
+    bad = _entry(1, [5, 6, 7], n=2)  # both its choices share the broken grammar
+    outcome = asyncio.run(_burst(redis_url, engine_and_tokenizer, [good[0], bad, good[1]]))
+    [failed] = outcome.replies["g.1"]  # one answer for the entry, not one per choice
+    assert isinstance(failed, ErrorReply) and (failed.status, failed.code) == (
+        500,
+        "inference_failed",
+    )
+    assert "this sequence's mask failed" in failed.message
+    for entry in good:  # batch-mates of its step generate on, to their end
+        finals = [r for r in outcome.replies[entry.id] if isinstance(r, GenerationChunk)]
+        assert len(finals) == entry.n and all(c.completion_tokens == 6 for c in finals)
+    assert outcome.left == 0 and outcome.dead == []  # answered and acked, not dead-lettered

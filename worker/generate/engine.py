@@ -205,14 +205,17 @@ class GenerationEngine:
         cache = PagedCache(self.store, slots.to(self.device), None, blocks, len(rows))
         logits = self._forward(input_ids, mask[:, None, None, :], lengths[:, None], cache)[:, -1]
         self.blocks.commit([row.key for row in rows])
-        tokens = sample(logits, [row.sampling for row in rows])
-        scores = token_scores(logits, tokens, [row.logprobs for row in rows])
+        tokens, failed = sample(logits, [row.sampling for row in rows])
+        scores = token_scores(
+            logits, tokens, [-1 if i in failed else r.logprobs for i, r in enumerate(rows)]
+        )
         for row, token in zip(rows, tokens, strict=True):
             row.length += 1
             row.last = token
-        return {
+        picked = {
             row.key: Picked(token, s) for row, token, s in zip(rows, tokens, scores, strict=True)
         }
+        return self._let_go(picked, {rows[i].key: why for i, why in failed.items()})
 
     def _prefill(
         self, group: Sequence[_Filling], ends: Mapping[int, int], every_position: bool = False
@@ -247,8 +250,9 @@ class GenerationEngine:
         if not members:
             return {}
         last = logits[[i for _, i in members], -1]
-        tokens = sample(last, [b.sampling for b, _ in members])
-        scores = token_scores(last, tokens, [b.logprobs for b, _ in members])
+        tokens, failed = sample(last, [b.sampling for b, _ in members])
+        asked = [-1 if j in failed else b.logprobs for j, (b, _) in enumerate(members)]
+        scores = token_scores(last, tokens, asked)
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
             a = group[i].admission
@@ -256,6 +260,15 @@ class GenerationEngine:
             prompt = Scores.concat(scored) if scored is not None else None
             self._rows.append(_Row(b.key, len(a.tokens), token, b.sampling, b.logprobs))
             picked[b.key] = Picked(token, s, prompt, group[i].cached)
+        return self._let_go(picked, {members[j][0].key: why for j, why in failed.items()})
+
+    def _let_go(self, picked: dict[int, Picked], failed: dict[int, str]) -> dict[int, Picked]:
+        """Sequences whose own sampling failed leave the engine (their blocks freed); each
+        is reported as failed, the rest as picked."""
+        if failed:
+            self.retire(list(failed))
+            for key, why in failed.items():
+                picked[key] = Picked(-1, failed=why)
         return picked
 
     def _prefill_inputs(self, group: Sequence[_Filling], spans: Sequence[tuple[int, int]]):

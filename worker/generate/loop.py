@@ -243,6 +243,9 @@ class GenerationLoop:
             if seq is None:
                 continue
             until_ms = max(until_ms, seq.entry.deadline_ms)
+            if picked.failed is not None:  # its own options or grammar: it alone fails
+                self._fail_family(seq, picked.failed, replies, done)
+                continue
             self._observe_token(seq, now_s)
             text, finish = seq.advance(picked, self._engine.context)
             chunk = seq.chunk(text, finish, self._name)
@@ -263,6 +266,21 @@ class GenerationLoop:
             self._publisher.post(replies, done, until_ms=until_ms, ordered=True)
         if done:
             self._inbox.room_freed()
+
+    def _fail_family(self, seq: Sequence, why: str, replies: list[Reply], done: list[Done]) -> None:
+        """Answer a sequence's entry 500 and let every choice of it go (the engine has
+        already freed the failed one); its step's other sequences go on."""
+        log.error("a sequence failed: %s", why, extra={"request_id": seq.entry.request_id})
+        for table in (self._running, self._waiting):
+            for key in [k for k, s in table.items() if s.family is seq.family]:
+                table.pop(key)
+                self._names.pop(key, None)
+                self._retire.append(key)
+        if not seq.family.ended:
+            seq.family.ended = True
+            message = f"generation failed for this request: {why}"
+            replies.append(error_reply(seq.entry, 500, "inference_failed", message, self._name))
+            done.append((seq.held.stream, seq.held.entry_id))
 
     def _count_cache(self) -> None:
         """Move the block manager's counters into the metrics."""

@@ -159,18 +159,28 @@ def _ids(values: object, device: torch.device | str = CPU) -> torch.Tensor:
     return torch.as_tensor(np.asarray(values, dtype=np.int64), device=device)
 
 
-def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> list[int]:
+def sample(logits: torch.Tensor, settings: Sequence[Sampling]) -> tuple[list[int], dict[int, str]]:
     """One token per row (B, V): argmax at temperature 0, else a draw; each row's sequence
-    records what it took."""
+    records what it took. A row whose own processors or draw raise (its options, its
+    grammar) fails alone: it is left out of the tokens' meaning and named, with why, in the
+    second value, so one sequence cannot take its step's others, or its worker, down."""
+    failed: dict[int, str] = {}
     if any(s.adjusts for s in settings):
         logits = logits.float().clone()
         for i, s in enumerate(settings):
             if s.adjusts:
-                s.adjust(logits[i])
+                try:
+                    s.adjust(logits[i])
+                except Exception as exc:  # a sequence's own failure, isolated
+                    failed[i] = f"{type(exc).__name__}: {exc}"
     out = logits.argmax(-1).tolist()
     for i, s in enumerate(settings):
-        if s.temperature > 0:
-            out[i] = s.draw(logits[i])
-    for s, token in zip(settings, out, strict=True):
-        s.took(token)
-    return out
+        if i in failed:
+            continue
+        try:
+            if s.temperature > 0:
+                out[i] = s.draw(logits[i])
+            s.took(out[i])
+        except Exception as exc:  # as above
+            failed[i] = f"{type(exc).__name__}: {exc}"
+    return out, failed

@@ -38,3 +38,6 @@ class Picked:
     scores: Scores | None = None
     prompt: Scores | None = None  # its prompt's, from the prefill that admitted it
     cached: int = -1  # from a prefill: leading tokens the prefix cache held; -1: a decode
+    # why the sequence's own processing failed (its options, its grammar): then `token`
+    # means nothing, the engine has let the sequence go, and the loop answers it 500
+    failed: str | None = None
