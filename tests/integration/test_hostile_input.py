@@ -10,18 +10,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import Processes, wait_ready
+from tests.conftest import Processes, RedisServer, wait_ready
 
 pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory) -> Iterator[str]:
+def gateway(redis_server: RedisServer, tmp_path_factory) -> Iterator[str]:
+    """A gateway and a worker as deployed: separate processes over a real redis-server
+    (its own key prefix), not the embedded store."""
     procs = Processes(tmp_path_factory.mktemp("hostile"))
-    serve = procs.start("serve", model="noop", max_wait_ms=0)
-    wait_ready(serve)
-    yield serve.base_url
-    procs.stop_all()
+    common = {"redis_url": redis_server.url, "model": "noop", "prefix": "mbhostile"}
+    try:
+        procs.start("worker", max_wait_ms=0, **common)
+        gateway = procs.start("gateway", **common)
+        wait_ready(gateway)
+        yield gateway.base_url
+    finally:
+        procs.stop_all()
 
 
 def post(url: str, content: bytes) -> httpx.Response:
