@@ -97,10 +97,14 @@ async def _burst(
     compute: ComputeThreads | None = None,
     runner: RecordingRunner | None = None,
     died_holding: int = 0,
+    raw: Sequence[bytes] = (),
+    dead: list | None = None,
 ) -> tuple[dict[str, EmbeddingResult | ErrorReply], RecordingRunner, int]:
     """Queue `entries`, run a worker until idle: its replies by id, its runner, what is left
     pending in the streams. `died_holding`: so many of the first entries were read by an
-    earlier worker of the same name that died holding them, so this one reads them again."""
+    earlier worker of the same name that died holding them, so this one reads them again.
+    `raw`: payloads written as they are to the 128 stream (garbage a writer might leave);
+    `dead`, when given, receives the dead letters the worker wrote."""
     settings = Settings(
         redis_url=redis_url, model="noop", max_wait_ms=0, max_batch_size=max_batch_size
     )
@@ -111,6 +115,8 @@ async def _burst(
             (keys.request("noop", 128 if e.longest <= 128 else 512), encode(e)) for e in entries
         ]
         await streams.add_requests(store, items)
+        for payload in raw:
+            await store.xadd(keys.request("noop", 128), {streams.FIELD: payload})
         await streams.cancel(store, keys, "noop", list(cancelled), int(time.time() * 1000) + 60_000)
         if died_holding:
             await streams.ensure_groups(store, sorted({s for s, _ in items}))
@@ -142,7 +148,12 @@ async def _burst(
             reply = decode(item.payload or b"")
             assert reply.id not in replies, f"{reply.id} answered twice"
             replies[reply.id] = reply
-        left = sum([await store.xlen(stream) for stream in {s for s, _ in items}])
+        written = {s for s, _ in items} | ({keys.request("noop", 128)} if raw else set())
+        left = sum([await store.xlen(stream) for stream in written])
+        if dead is not None:
+            dead += [
+                decode(f[streams.FIELD.encode()]) for _, f in await store.xrange(keys.dead("noop"))
+            ]
         return replies, runner, left
     finally:
         await close_store(store)
@@ -408,3 +419,28 @@ def test_an_entry_a_worker_died_holding_runs_alone_one_row_per_batch(redis_url: 
     assert [3] in runner.batches and [4] in runner.batches  # its rows, each alone
     assert [5, 5, 5] in runner.batches  # the others still batch together
     assert left == 0
+
+
+def test_garbage_entries_are_dead_lettered_and_the_worker_carries_on(redis_url: str) -> None:
+    """What is not a valid entry of a version this worker reads is dead-lettered, raw, and
+    never run or unpickled; the good entry beside it is answered. (Moved in-process from the
+    process tier: only the worker's own handling is at stake.)"""
+    import pickle
+
+    import msgpack
+
+    garbage = [
+        b"\xc1not msgpack",
+        pickle.dumps({"t": "req", "v": 1}),
+        msgpack.packb({"t": "req", "v": 99}),  # a version nobody reads, naming no sender
+        b"\x91" * 5000 + b"\xc0",  # deeply nested arrays
+    ]
+    letters: list = []
+    replies, runner, left = asyncio.run(
+        _burst(redis_url, [_entry(0, [1] * 4)], raw=garbage, dead=letters)
+    )
+    assert isinstance(replies["e.0"], EmbeddingResult) and runner.batches == [[4]]
+    assert len(letters) == len(garbage)
+    assert all(d.reason.startswith("malformed") for d in letters), [d.reason for d in letters]
+    assert sorted(d.payload for d in letters) == sorted(garbage)
+    assert left == 0  # acked and deleted
