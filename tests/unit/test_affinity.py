@@ -58,3 +58,27 @@ def test_the_router_counts_what_it_sent_until_it_is_answered() -> None:
     router.update_loads("m", {"a": 0, "b": 3})  # b got busy with shared work
     assert router.loads("m") == {"a": 3, "b": 3}
     assert router.route("other", names) is None  # no live worker known for that model
+
+
+def test_answers_count_down_to_zero_and_never_below() -> None:
+    router = AffinityRouter(max_imbalance=8)
+    names = names_of(SYSTEM, "m", None)
+    router.learn(names, "a")
+    router.update_loads("m", {"a": 0})
+    router.route("m", names)
+    router.route("m", names)
+    router.answered("m", "a")
+    assert router.loads("m") == {"a": 1}
+    router.answered("m", "a")
+    assert router.loads("m") == {"a": 0}
+    router.answered("m", "a")  # a late or duplicate answer: still none in flight, not -1
+    assert router.loads("m") == {"a": 0}
+    router.answered("m", "b")  # a worker it never sent to
+    assert router.loads("m") == {"a": 0}
+
+
+def test_session_names_are_one_16_byte_name_per_model_and_session() -> None:
+    [first] = names_of(SYSTEM, "m", "s1")
+    assert len(first) == 16
+    assert names_of([1, 2], "m", "s1") == [first]  # the prompt does not matter
+    assert names_of(SYSTEM, "m", "s2") != [first] and names_of(SYSTEM, "n", "s1") != [first]

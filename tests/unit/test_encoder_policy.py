@@ -120,3 +120,21 @@ def test_base64_of_a_whole_matrix_cut_per_row_is_each_rows_own_base64(rows: int,
         np.array_equal(np.frombuffer(base64.b64decode(g), "<f4"), v)
         for g, v in zip(got, vectors, strict=True)
     )
+
+
+def test_scores_and_vectors_are_per_row_and_float32() -> None:
+    rows = np.array([[1.0, 2.0], [10.0, -10.0]], dtype=np.float32)
+    soft = activate(rows, "softmax")  # each row against its own maximum
+    assert soft.dtype == np.float32
+    assert np.allclose(soft[0], np.exp([1, 2]) / np.exp([1, 2]).sum())
+    assert np.allclose(soft[1], [1.0, 0.0], atol=1e-8)
+    assert activate(np.array([[1.0]], dtype=np.float64), "identity").dtype == np.float32
+    vectors = np.array([[3.0, 4.0, 12.0], [0.0, 5.0, 0.0], [0.0, 0.0, 0.0]], np.float64)
+    unit = shorten(vectors, None, normalize=True)
+    assert unit.dtype == np.float32 and unit.flags["C_CONTIGUOUS"]
+    assert np.allclose(np.linalg.norm(unit[:2], axis=1), 1)  # each row on its own
+    assert np.array_equal(unit[2], [0, 0, 0])  # a zero vector stays zero, no NaN
+    tiny = shorten(np.array([[1e-7, 0.0]]), None, normalize=True)
+    assert np.allclose(tiny, [[1.0, 0.0]])  # a small vector is scaled up, not floored
+    cut = shorten(vectors, 2, normalize=False)
+    assert cut.shape == (3, 2) and cut.flags["C_CONTIGUOUS"] and cut.dtype == np.float32
