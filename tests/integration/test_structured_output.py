@@ -51,7 +51,12 @@ def base(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, ti
 
 
 async def _chats(base: str, bodies: list[dict]) -> list[dict]:
-    async with httpx.AsyncClient(base_url=base, timeout=120) as client:
+    """Every answer, in order. The deadline is the client's own (120 s): constrained answers
+    of 400 tokens are slow on a loaded 2-core host, and a default 30 s deadline lets
+    admission refuse a burst as infeasible (503 deadline_infeasible), which is not what
+    these tests are about (test_admission_deadline.py is)."""
+    headers = {"X-Microbatch-Timeout-Ms": "120000"}
+    async with httpx.AsyncClient(base_url=base, timeout=120, headers=headers) as client:
         answers = await asyncio.gather(
             *(client.post("/v1/chat/completions", json=b) for b in bodies)
         )
