@@ -39,10 +39,12 @@ class PerModelMean:
         self._mean: dict[str, float] = {}
         self._default = default
 
-    def observe(self, model: str, amount: float, count: int) -> None:
+    def observe(self, model: str, amount: float, count: int) -> float | None:
+        """Fold `amount` over `count` in; the model's mean now."""
         if count:
             mean = self._mean.get(model, amount / count)
             self._mean[model] = mean + self.WEIGHT * (amount / count - mean)
+        return self.of(model)
 
     def of(self, model: str) -> float | None:
         return self._mean.get(model, self._default)

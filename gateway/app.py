@@ -122,7 +122,9 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
         lifespan=lifespan,
         max_body_bytes=settings.max_body_bytes,
         on_error=lambda exc: error_response(exc, None),
-        admin=lambda scope: on_admin_port(scope, settings.admin_port),
+        admin=None
+        if settings.admin_port is None
+        else lambda scope: on_admin_port(scope, settings.admin_port),
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,

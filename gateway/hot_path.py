@@ -53,13 +53,13 @@ class GatewayApp(FastAPI):
         *args: Any,
         max_body_bytes: int,
         on_error: Callable[[MicrobatchError], Response],
-        admin: Callable[[dict], bool] = lambda scope: False,
+        admin: Callable[[dict], bool] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._max_body_bytes = max_body_bytes
         self._on_error = on_error
-        self._admin = admin  # whether a connection came in on the admin port
+        self._admin = admin  # whether a connection came in on the admin port; None: no port
         self._hot: dict[str, Any] = {}
         self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
 
@@ -85,7 +85,11 @@ class GatewayApp(FastAPI):
         self._hot[path] = BodyLimitMiddleware(app, max_bytes=self._max_body_bytes)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and self._admin(scope) and scope["path"] not in ADMIN_PATHS:
+        admin = self._admin
+        if admin is not None and scope["type"] == "http" and admin(scope):
+            if scope["path"] in ADMIN_PATHS:
+                await super().__call__(scope, receive, send)
+                return
             error = RouteNotFound("the admin port serves /metrics, /healthz and /readyz only")
             await self._on_error(error)(scope, receive, send)
             return

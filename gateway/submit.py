@@ -45,8 +45,8 @@ def admit_or_refuse(
     per_entry, rate = services.entry_rows.of(name) or 1.0, model.service_rate_per_s
     ask = None
     if tokens:
-        services.sequence_tokens.observe(name, tokens, n_inputs)
-        per_row = services.sequence_tokens.of(name) or tokens / max(1, n_inputs)
+        per_row = services.sequence_tokens.observe(name, tokens, max(1, n_inputs))
+        assert per_row is not None  # just observed
         ask = admission.TokenAsk(tokens, per_row, settings.max_queued_tokens)
     decision = admission.admit(
         # XLEN is up to a refresh old; this gateway's own waiters are counted live.

@@ -21,6 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from common.cli.roles import serve_worker_health
 from common.logs import setup_logging
 from common.settings import Settings
 from worker.encode.runners.noop import NoopRunner
@@ -60,11 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     settings = Settings()
     setup_logging(settings.log_level, settings.log_format)
-    if settings.metrics_port is not None:  # as `microbatch worker` serves them
-        from worker import health
-
-        stale_after_s = health.stale_after_s(settings.heartbeat_interval_ms)
-        health.serve(settings.metrics_port, settings.host, stale_after_s)
+    serve_worker_health(settings)  # /metrics and /healthz, as `microbatch worker` serves them
 
     async def serve() -> None:
         stop = asyncio.Event()

@@ -120,7 +120,7 @@ def serve(
     setup_logging(settings.log_level, settings.log_format)
     _refuse_an_open_bind(settings)
     if settings.processes > 1:
-        _worker_health(settings)  # the worker's metrics: no gateway runs in this process
+        serve_worker_health(settings)  # the worker's metrics: no gateway runs in this process
         _run(_serve_processes(settings))
         return
 
@@ -252,7 +252,7 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     if settings.embedded:
         raise typer.BadParameter("worker needs --redis-url (or MICROBATCH_REDIS_URL); use serve")
     setup_logging(settings.log_level, settings.log_format)
-    _worker_health(settings)
+    serve_worker_health(settings)
 
     async def main() -> None:
         from worker.main import run_worker
@@ -264,7 +264,7 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
     _run(main())
 
 
-def _worker_health(settings: Settings) -> None:
+def serve_worker_health(settings: Settings) -> None:
     """The worker's /metrics and /healthz on `metrics_port`, where one is set."""
     if settings.metrics_port is not None:
         from worker import health

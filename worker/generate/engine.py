@@ -253,11 +253,13 @@ class GenerationEngine:
         tokens, failed = sample(last, [b.sampling for b, _ in members])
         asked = [-1 if j in failed else b.logprobs for j, (b, _) in enumerate(members)]
         scores = token_scores(last, tokens, asked)
+        prompts = {  # a prompt's scores, joined once for it and its copies
+            i: Scores.concat(group[i].scores) for i in finished if group[i].scores is not None
+        }
         picked = {}
         for (b, i), token, s in zip(members, tokens, scores, strict=True):
             a = group[i].admission
-            scored = group[i].scores
-            prompt = Scores.concat(scored) if scored is not None else None
+            prompt = prompts.get(i)
             self._rows.append(_Row(b.key, len(a.tokens), token, b.sampling, b.logprobs))
             picked[b.key] = Picked(token, s, prompt, group[i].cached)
         return self._let_go(picked, {members[j][0].key: why for j, why in failed.items()})
