@@ -158,7 +158,12 @@ class Intake:
                 )
             else:
                 await self._dead_letter(item, count, decision, replies)
-        cancelled = await self._cancelled([entry.id for _, entry, _ in runnable], now_ms)
+        # Only entries that waited in the stream past one cancel poll are asked about here:
+        # one read fresh off the stream is the liveness poll's to find (within
+        # `cancel_poll_ms`), so an idle queue's path costs no extra round trip per read.
+        waited = now_ms - self.settings.cancel_poll_ms
+        asked = [entry.id for _, entry, _ in runnable if entry.enqueued_ms <= waited]
+        cancelled = await self._cancelled(asked, now_ms)
         buckets = self.settings.buckets
         for item, entry, count in runnable:
             if entry.id in cancelled:

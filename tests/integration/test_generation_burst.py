@@ -190,7 +190,7 @@ def test_n_choices_are_answered_and_the_entry_acked_once(
 
 
 def test_cancelled_and_expired_prompts_cost_no_step(redis_url: str, engine_and_tokenizer) -> None:
-    gone = _entry(0, [5, 6, 7])
+    gone = _entry(0, [5, 6, 7], enqueued_ms=int(time.time() * 1000) - 1000)  # waited; left
     late = _entry(1, [5, 6, 8], deadline_in_ms=-1)
     outcome = asyncio.run(_burst(redis_url, engine_and_tokenizer, [gone, late], ("g.0",)))
     assert outcome.steps == 0

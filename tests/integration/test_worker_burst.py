@@ -7,6 +7,7 @@ answers it and returns, so each scenario is deterministic: no sleeps, no timing 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Sequence
@@ -87,6 +88,11 @@ def _rows_entry(
         reply_to=REPLY,
         enqueued_ms=now,
     )
+
+
+def _waited(entry: RequestEntry) -> RequestEntry:
+    """The entry as one that waited a second in the stream: its client left meanwhile."""
+    return dataclasses.replace(entry, enqueued_ms=entry.enqueued_ms - 1000)
 
 
 async def _burst(
@@ -185,7 +191,7 @@ def test_a_failing_input_fails_only_its_own_entry(redis_url: str) -> None:
 
 def test_cancelled_and_expired_entries_cost_no_compute(redis_url: str) -> None:
     kept = _entry(0, [7] * 4)
-    cancelled = _entry(1, [8] * 5)
+    cancelled = _waited(_entry(1, [8] * 5))
     expired = _entry(2, [9] * 6, deadline_in_ms=-1)
     replies, runner, left = asyncio.run(_burst(redis_url, [kept, cancelled, expired], ["e.1"]))
     assert runner.batches == [[4]]  # only the entry someone still waits for was computed
@@ -226,7 +232,7 @@ def test_a_failing_row_fails_its_own_entry_and_no_other(redis_url: str) -> None:
 
 def test_a_cancelled_entry_of_many_rows_computes_none_of_them(redis_url: str) -> None:
     kept = _rows_entry(0, [2, 2])
-    gone = _rows_entry(1, [3, 3, 3])
+    gone = _waited(_rows_entry(1, [3, 3, 3]))
     replies, runner, left = asyncio.run(_burst(redis_url, [kept, gone], ["e.1"]))
     assert sorted(n for batch in runner.batches for n in batch) == [2, 2]
     assert "e.1" not in replies and isinstance(replies["e.0"], EmbeddingResult)
