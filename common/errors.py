@@ -10,6 +10,8 @@
     ├── Unauthorized               401  missing or wrong API key
     ├── PermissionDenied           403  this key may not ask for that (interactive priority)
     ├── ModelNotFound              404  no worker has registered that model
+    ├── ObjectNotFound             404  no such file or batch (for this API key)
+    ├── Conflict                   409  the object's state forbids it (cancel a finished batch)
     ├── RateLimited                429  this API key is over its rate (Retry-After)
     ├── ClientGone                 499  the client left before its answer (nginx's code)
     ├── InternalError              500  a bug in microbatch, never the client's fault
@@ -35,6 +37,7 @@ OPENAI_TYPES = {
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    409: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -116,6 +119,14 @@ class PermissionDenied(MicrobatchError):
 
 class ModelNotFound(MicrobatchError):
     status, code = 404, "model_not_found"
+
+
+class ObjectNotFound(MicrobatchError):
+    status, code = 404, "not_found"
+
+
+class Conflict(MicrobatchError):
+    status, code = 409, "conflict"
 
 
 class RateLimited(MicrobatchError):

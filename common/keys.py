@@ -12,9 +12,20 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:models                  hash: model name -> ModelInfo
     mb:gateways                sorted set: reply stream -> its gateway's last beat (ms)
     mb:tokenizer:<sha256>      a registered tokenizer's JSON
+    mb:{file-…}:file           hash: a stored file's metadata (`files_store=redis`)
+    mb:{file-…}:chunk:<n>      its bytes, a chunk per key
+    mb:files:<owner>           sorted set: an owner's file ids by creation (ms)
+    mb:{batch_…}:batch         hash: a batch's record
+    mb:{batch_…}:done          hash: custom_id -> "o" (answered) or "e" (failed)
+    mb:{batch_…}:results       hash: custom_id -> its output or error line
+    mb:{batch_…}:lease         the gateway driving the batch, while it drives it
+    mb:batches:<owner>         sorted set: an owner's batch ids by creation (ms)
+    mb:batches:active          set: batches not yet finished, for any gateway to drive
 
 Every `{model}` key of one model shares a Redis Cluster hash slot (the braces are its hash
-tag), so commands over a model's streams never cross slots.
+tag), so commands over a model's streams never cross slots; a file's keys and a batch's
+keys likewise share one slot each. An owner is the digest of the API key that created the
+object ("-" when keys are off).
 """
 
 from __future__ import annotations
@@ -62,3 +73,31 @@ class Keys:
 
     def tokenizer(self, sha256: str) -> str:
         return f"{self.prefix}:tokenizer:{sha256}"
+
+    def file(self, file_id: str) -> str:
+        return f"{self.prefix}:{{{file_id}}}:file"
+
+    def file_chunk(self, file_id: str, index: int) -> str:
+        return f"{self.prefix}:{{{file_id}}}:chunk:{index}"
+
+    def files(self, owner: str) -> str:
+        return f"{self.prefix}:files:{owner}"
+
+    def batch(self, batch_id: str) -> str:
+        return f"{self.prefix}:{{{batch_id}}}:batch"
+
+    def batch_done(self, batch_id: str) -> str:
+        return f"{self.prefix}:{{{batch_id}}}:done"
+
+    def batch_results(self, batch_id: str) -> str:
+        return f"{self.prefix}:{{{batch_id}}}:results"
+
+    def batch_lease(self, batch_id: str) -> str:
+        return f"{self.prefix}:{{{batch_id}}}:lease"
+
+    def batches(self, owner: str) -> str:
+        return f"{self.prefix}:batches:{owner}"
+
+    @property
+    def active_batches(self) -> str:
+        return f"{self.prefix}:batches:active"

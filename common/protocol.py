@@ -37,6 +37,9 @@ def rows_that_fit(dim: int) -> int:
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
+# Below every online request: a Batch API line fills what online traffic leaves idle.
+# A v5 reader takes it for PRIORITY_BATCH (it tests only for interactive).
+PRIORITY_BACKGROUND = 2
 
 
 class ModelKind(StrEnum):
@@ -81,7 +84,7 @@ class RequestEntry(_Tokens):
     tokens: bytes  # every row's uint32 little-endian token ids, special tokens included
     lengths: bytes  # uint32 little-endian: each row's token count, in order
     deadline_ms: int  # unix epoch ms after which nobody waits for the answer
-    priority: int  # PRIORITY_INTERACTIVE or PRIORITY_BATCH
+    priority: int  # PRIORITY_INTERACTIVE, PRIORITY_BATCH or PRIORITY_BACKGROUND
     reply_to: str  # the reply stream of the gateway process that asked
     enqueued_ms: int  # unix epoch ms when the gateway queued it
     v: int = VERSION

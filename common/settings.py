@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from common.settings_batch import BatchSettings
 from common.settings_checks import MAX_MODEL_ALIASES, inconsistency
 from common.settings_gateway import GatewaySettings
 
@@ -23,7 +24,7 @@ def _split_commas(value: object) -> object:
     return value
 
 
-class Settings(GatewaySettings, BaseSettings):
+class Settings(GatewaySettings, BatchSettings, BaseSettings):
     """Built once at start-up and passed down; nothing else reads the environment. The
     gateway's settings are declared in common/settings_gateway.py, to keep each file short."""
 

@@ -49,6 +49,15 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "gateway_id",
         "processes",
     ),
+    "Files and batches": (
+        "files_store",
+        "files_dir",
+        "max_file_bytes",
+        "max_batch_lines",
+        "batch_window",
+        "batch_lease_ms",
+        "batch_output_ttl_s",
+    ),
     "Worker: model and batching": (
         "model",
         "served_model_name",

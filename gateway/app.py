@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,13 +18,28 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import MicrobatchError, error_for_http_status
+from common.protocol import ModelKind
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
 from gateway.admin import on_admin_port
+from gateway.batch_feeder import BatchFeeder
+from gateway.batch_run import BatchRun, RunLimits
 from gateway.hot_path import GatewayApp
-from gateway.request import error_response, validation_error
-from gateway.routes import chat, classify, completions, embeddings, ops, rerank, tei, tokens
+from gateway.local_call import post_local
+from gateway.request import default_name, error_response, validation_error
+from gateway.routes import (
+    batches,
+    chat,
+    classify,
+    completions,
+    embeddings,
+    files,
+    ops,
+    rerank,
+    tei,
+    tokens,
+)
 from gateway.services import Services
 
 # The API's POST routes, served on the hot path: (path, handler, OpenAPI body, summary)
@@ -73,6 +89,8 @@ def _install_routes(app: GatewayApp) -> None:
     for path, handler, body, summary in HOT_ROUTES:
         app.add_hot_route(path, handler, openapi_extra=body, summary=summary)
     ops.install(app)
+    files.install(app)
+    batches.install(app)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -90,26 +108,76 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(exc, request.headers.get("x-request-id"))
 
 
+ENDPOINT_KINDS = {
+    "/v1/embeddings": ModelKind.EMBEDDING,
+    "/v1/chat/completions": ModelKind.CAUSAL_LM,
+    "/v1/completions": ModelKind.CAUSAL_LM,
+    "/v1/rerank": ModelKind.CLASSIFIER,
+}
+
+
+def _batch_feeder(services: Services, app: GatewayApp) -> BatchFeeder:
+    """The Batch API's driver: each line is posted to this very app, in process."""
+    settings = services.settings
+    limits = RunLimits(
+        window=settings.batch_window,
+        max_lines=settings.max_batch_lines,
+        max_timeout_ms=settings.max_request_timeout_ms,
+        output_ttl_s=settings.batch_output_ttl_s,
+    )
+
+    def model_problem(endpoint: str, name: str | None) -> str | None:
+        kind = ENDPOINT_KINDS[endpoint]
+        try:
+            name = name or default_name(services, kind)
+        except MicrobatchError as exc:
+            return exc.message
+        entry = services.catalog.models.get(name)
+        if entry is None:
+            return f"model {name!r} is not served here"
+        if entry.info.kind != kind:
+            return f"model {name!r} is a {entry.info.kind} model; {endpoint} needs a {kind} model"
+        return None
+
+    async def post(path: str, body: bytes, headers: dict[str, str], gone: asyncio.Event) -> Any:
+        return await post_local(app, path, body, headers, gone)
+
+    def run(batch_id: str, lost: asyncio.Event) -> BatchRun:
+        return BatchRun(
+            batch_id, services.batch_records, services.files, post, model_problem, limits, lost
+        )
+
+    return BatchFeeder(services.batch_records, run, services.id, settings.batch_lease_ms)
+
+
+def _background(services: Services, feeder: BatchFeeder) -> list[asyncio.Task[Any]]:
+    """The gateway's background tasks; the death of any one fails /healthz."""
+    stop = services.stop
+    return [
+        spawn_supervised(
+            "reply-reader", services.router.run(stop), services.on_death_of("reply reader")
+        ),
+        spawn_supervised("catalog", services.catalog.run(stop), services.on_death_of("catalog")),
+        spawn_supervised(
+            "batch-feeder",
+            feeder.run(stop, services.batches_changed),
+            services.on_death_of("batch feeder"),
+        ),
+    ]
+
+
 def create_app(settings: Settings, store: Store) -> GatewayApp:
     services = Services(settings, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.catalog.refresh()
-        tasks = [
-            spawn_supervised(
-                "reply-reader",
-                services.router.run(services.stop),
-                services.on_death_of("reply reader"),
-            ),
-            spawn_supervised(
-                "catalog", services.catalog.run(services.stop), services.on_death_of("catalog")
-            ),
-        ]
+        tasks = _background(services, app.state.feeder)
         try:
             yield
         finally:
             services.stop.set()
+            services.batches_changed.set()  # the feeder waits on it
             await asyncio.gather(*tasks, return_exceptions=True)
             await services.router.leave()
             services.tokenize.close()
@@ -125,11 +193,13 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
         admin=None
         if settings.admin_port is None
         else lambda scope: on_admin_port(scope, settings.admin_port),
+        larger_bodies={files.ROUTE: settings.max_file_bytes + 64 * 1024},  # + multipart framing
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,
     )
     app.state.services = services
+    app.state.feeder = _batch_feeder(services, app)
     _install_routes(app)
     _install_error_handlers(app)
     return app

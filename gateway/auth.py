@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Sequence
 
@@ -56,3 +57,9 @@ class RateLimiter:
             return 0.0
         self._buckets[key] = (tokens, now_s)
         return (1 - tokens) / self.rate_per_s
+
+
+def owner_of(key: str | None) -> str:
+    """Who owns a stored file or batch: a digest of the API key (never the key itself, which
+    Redis must not hold), or "-" when keys are off."""
+    return "-" if key is None else hashlib.sha256(key.encode()).hexdigest()[:32]

@@ -54,6 +54,7 @@ class GatewayApp(FastAPI):
         max_body_bytes: int,
         on_error: Callable[[MicrobatchError], Response],
         admin: Callable[[dict], bool] | None = None,
+        larger_bodies: dict[str, int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -61,7 +62,7 @@ class GatewayApp(FastAPI):
         self._on_error = on_error
         self._admin = admin  # whether a connection came in on the admin port; None: no port
         self._hot: dict[str, Any] = {}
-        self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
+        self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, larger=larger_bodies)
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document, with each hot route's body definitions (`$defs`, which a

@@ -35,9 +35,15 @@ from common.errors import (
     RateLimited,
     ServiceUnavailable,
 )
-from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE, ModelKind
+from common.protocol import (
+    PRIORITY_BACKGROUND,
+    PRIORITY_BATCH,
+    PRIORITY_INTERACTIVE,
+    ModelKind,
+)
 from gateway.auth import check_api_key, check_interactive
 from gateway.catalog import ModelEntry
+from gateway.local_call import LOCAL
 from gateway.services import Services
 
 log = logging.getLogger("microbatch.gateway")
@@ -134,7 +140,9 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
     headers = request.headers
     request_id = request_id_of(headers.get("x-request-id"))
     tally.request_id = request_id
-    key = authorize(services, headers.get("authorization"))
+    # a batch line (in process) was authorized when its batch was created
+    local = request.scope.get(LOCAL, False)
+    key = None if local else authorize(services, headers.get("authorization"))
     receive = request.receive
     settings = services.settings
     timeout_ms = timeout_ms_of(
@@ -222,11 +230,18 @@ def timeout_ms_of(raw: str | None, default_ms: int, longest_ms: int) -> int:
     return int(raw)
 
 
+PRIORITIES = {
+    "interactive": PRIORITY_INTERACTIVE,
+    "batch": PRIORITY_BATCH,
+    "background": PRIORITY_BACKGROUND,
+}
+
+
 def priority_of(raw: str | None) -> int:
-    raw = (raw or "batch").lower()
-    if raw not in ("batch", "interactive"):
-        raise InvalidRequest("X-Microbatch-Priority must be 'interactive' or 'batch'")
-    return PRIORITY_INTERACTIVE if raw == "interactive" else PRIORITY_BATCH
+    priority = PRIORITIES.get((raw or "batch").lower())
+    if priority is None:
+        raise InvalidRequest("X-Microbatch-Priority must be 'interactive', 'batch' or 'background'")
+    return priority
 
 
 async def model_entry(services: Services, name: str) -> ModelEntry:

@@ -20,8 +20,10 @@ from common.tasks import OnDeath
 from gateway.admission import PerModelMean
 from gateway.affinity import AffinityRouter, names_of
 from gateway.auth import RateLimiter
+from gateway.batch_records import BatchRecords
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
+from gateway.files import DiskFiles, FileStore, RedisFiles
 from gateway.replies import ReplyRouter
 from gateway.tokenize import TokenizePool
 from gateway.waiting import Canceller
@@ -58,6 +60,9 @@ class Services:
         )
         if self.affinity is not None:
             self.catalog.on_loads = self.affinity.update_loads
+        self.files = open_files(settings, store, self.keys)
+        self.batch_records = BatchRecords(store, self.keys)
+        self.batches_changed = asyncio.Event()  # a batch created or cancelled here: look now
         self.stop = asyncio.Event()
         self.alive = True  # false once a background task died: /healthz fails, requests 503
         self._nonce = os.urandom(4).hex()
@@ -114,3 +119,12 @@ class Services:
                 self.router.fail_all(error)
 
         return died
+
+
+def open_files(settings: Settings, store: Store, keys: streams.Keys) -> FileStore:
+    """Files in the queue's Redis when there is one (any gateway reads any file), else on
+    disk: the embedded store lives in process memory."""
+    where = settings.files_store
+    if where == "auto":
+        where = "disk" if settings.embedded else "redis"
+    return DiskFiles(settings.files_dir) if where == "disk" else RedisFiles(store, keys)

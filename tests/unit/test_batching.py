@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.buckets import bucket_for, parts
-from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from common.protocol import PRIORITY_BACKGROUND, PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from worker.encode.batching import Batch, Limits, Load, Wait, Waiting, in_order, next_batch
 from worker.encode.cost import Cost
 
@@ -355,3 +355,69 @@ def test_a_batch_cost_ignores_impossible_observations_and_takes_one_token() -> N
     cost.observe(101, 0.003)
     fitted = cost.estimate()
     assert fitted is not None and fitted.per_token_s == pytest.approx(1e-5)
+
+
+def bg(key: int, n: int, at: float = 0.0) -> Waiting:
+    return waiting(key, n, at, PRIORITY_BACKGROUND)
+
+
+def test_background_rows_never_anchor_while_an_online_row_waits() -> None:
+    """A batch line queued long before an online request still goes after it: background
+    rows never starve into urgency, and the online row anchors its bucket's batch."""
+    limits = Limits(max_batch_size=1, max_batch_tokens=1024, max_wait_s=0.0, starvation_s=0.1)
+    queue = [bg(1, 10, at=0.0), waiting(2, 10, at=5.0)]
+    decision = next_batch({128: queue}, 9.0, limits)
+    assert isinstance(decision, Batch) and decision.keys == (2,)
+
+
+def test_a_bucket_of_online_rows_goes_before_an_older_background_bucket() -> None:
+    limits = Limits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=0.0, starvation_s=0.1)
+    queues = {128: [bg(1, 10, at=0.0)], 256: [waiting(2, 200, at=5.0)]}
+    assert next_batch(queues, 9.0, limits).bucket == 256  # type: ignore[union-attr]
+
+
+def test_background_rows_fill_a_partial_online_batch_and_never_displace_an_online_row() -> None:
+    """Four online rows and room for eight: the batch holds all four online rows, even the
+    one further in length than most background rows, and background rows fill the rest."""
+    limits = Limits(max_batch_size=8, max_batch_tokens=8192, max_wait_s=0.0, starvation_s=10)
+    online = [waiting(i, n, at=1.0) for i, n in enumerate((10, 11, 14, 15))]
+    background = [bg(10 + i, 12 + i, at=0.0) for i in range(10)]
+    decision = next_batch({128: online + background}, 1.0, limits)
+    assert isinstance(decision, Batch)
+    assert {0, 1, 2, 3} <= set(decision.keys)
+    assert len(decision.keys) == 8 and decision.trigger == "size"
+
+
+def test_background_rows_fill_only_while_the_padding_rule_allows() -> None:
+    limits = Limits(max_batch_size=8, max_batch_tokens=8192, max_wait_s=0.0, max_padding_ratio=0.2)
+    online = [waiting(0, 100, at=1.0)]
+    background = [bg(1, 90), bg(2, 5), bg(3, 5)]  # 90 fits; a 5 would pad over a fifth
+    decision = next_batch({128: online + background}, 1.0, limits)
+    assert isinstance(decision, Batch) and set(decision.keys) == {0, 1}
+
+
+def test_a_bucket_of_background_rows_alone_is_batched_as_usual() -> None:
+    queue = [bg(i, 10, at=1.0) for i in range(6)]
+    decision = next_batch({128: queue}, 1.0, LIMITS)
+    assert isinstance(decision, Batch) and decision.keys == (0, 1, 2, 3)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 128), st.floats(0, 1), st.sampled_from([0, 1, 2])), min_size=1
+    ),
+    st.floats(1, 3),
+)
+def test_a_batch_never_holds_a_background_row_in_place_of_an_online_one(entries, now) -> None:
+    """With online rows queued, the batch holds as many of them as it would without any
+    background row: background rows only take seats online rows leave empty."""
+    limits = Limits(max_batch_size=4, max_batch_tokens=512, max_wait_s=0.0, starvation_s=0.5)
+    queue = [Waiting(i, n, at, p) for i, (n, at, p) in enumerate(entries)]
+    online = [w for w in queue if w.priority != PRIORITY_BACKGROUND]
+    decision = next_batch({128: queue}, now, limits)
+    assert isinstance(decision, Batch)
+    if online:
+        alone = next_batch({128: online}, now, limits)
+        assert isinstance(alone, Batch)
+        chosen = {w.key for w in online} & set(decision.keys)
+        assert chosen == set(alone.keys)

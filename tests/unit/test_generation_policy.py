@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.protocol import PRIORITY_BATCH, PRIORITY_INTERACTIVE
+from common.protocol import PRIORITY_BACKGROUND, PRIORITY_BATCH, PRIORITY_INTERACTIVE
 from worker.generate.scheduler import EngineLimits, SeqView, kv_usage, plan_step, prefill_groups
 
 LIMITS = EngineLimits(max_running=4, step_tokens=100, kv_tokens=1000, chunked=False)
@@ -173,3 +173,8 @@ def test_a_redelivered_prompt_prefills_in_an_engine_running_nothing_else() -> No
     assert plan_step([prefilling], [behind], CHUNKED).admit == ()  # nor its next chunks
     decoding = replace(lone, alone=False)  # once it has its first token, others may join
     assert plan_step([decoding], [behind], CHUNKED).admit == (6,)
+
+
+def test_background_sequences_join_after_every_online_one() -> None:
+    waiting = [seq(1, 10, order=1, priority=PRIORITY_BACKGROUND), seq(2, 10, order=2)]
+    assert plan_step([], waiting, EngineLimits(1, 100, 1000, chunked=False)).admit == (2,)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from common.protocol import PRIORITY_INTERACTIVE
+from common.protocol import PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
 from common.settings import Settings
 from worker.encode.cost import Cost
 
@@ -123,6 +123,10 @@ class Wait:
 
 
 def _urgent(w: Waiting, now_s: float, limits: Limits) -> bool:
+    """Interactive, or batch traffic passed over too long; background rows never are: they
+    take only what online traffic leaves."""
+    if w.priority == PRIORITY_BACKGROUND:
+        return False
     return w.priority == PRIORITY_INTERACTIVE or now_s - w.arrived_s >= limits.starvation_s
 
 
@@ -137,14 +141,42 @@ def in_order(queue: Sequence[Waiting]) -> list[Waiting]:
 
 
 def _anchor(queue: Sequence[Waiting], now_s: float, limits: Limits) -> Waiting:
-    """The oldest urgent entry, else the oldest: the oldest is urgent when it is interactive
-    or starved, and when it is not starved none is, so then only priority makes one urgent
-    (C-level scans: this runs once per batch over every queued row)."""
-    oldest = min(queue, key=_BY_ARRIVAL)
+    """Among online rows (background ones only when there are no others): the oldest urgent
+    row, else the oldest. The oldest is urgent when it is interactive or starved, and when it
+    is not starved none is, so then only priority makes one urgent (C-level scans: this runs
+    once per batch over every queued row)."""
+    online = [w for w in queue if w.priority != PRIORITY_BACKGROUND] or queue
+    oldest = min(online, key=_BY_ARRIVAL)
     if _urgent(oldest, now_s, limits):
         return oldest
-    interactive = [w for w in queue if w.priority == PRIORITY_INTERACTIVE]
+    interactive = [w for w in online if w.priority == PRIORITY_INTERACTIVE]
     return min(interactive, key=_BY_ARRIVAL) if interactive else oldest
+
+
+def _fill(
+    members: Sequence[Waiting], spare: Sequence[Waiting], limits: Limits, cost: Cost | None
+) -> list[Waiting]:
+    """An online batch topped up with background rows (`spare`, in length order) while it
+    stays worth it: first those no longer than its longest member (longest first: the least
+    padding), then longer ones, shortest first. So a background row only ever fills a
+    batch that online traffic leaves partial, and never pushes an online row out of it."""
+    batch = list(members)
+    size, longest = len(batch), max(w.n_tokens for w in batch)
+    real = sum(w.n_tokens for w in batch)
+    cut = bisect_left(spare, longest + 1, key=attrgetter("n_tokens"))
+    for w in [*reversed(spare[:cut]), *spare[cut:]]:
+        if size >= limits.max_batch_size:
+            break
+        wider = max(longest, w.n_tokens)
+        if wider * (size + 1) > limits.max_batch_tokens:
+            continue
+        worth = _worth(real + w.n_tokens, wider * (size + 1), cost, limits)
+        current = _worth(real, longest * size, cost, limits)
+        if not (worth >= current if cost is not None else worth > float("-inf")):
+            continue
+        batch.append(w)
+        size, longest, real = size + 1, wider, real + w.n_tokens
+    return batch
 
 
 def _worth(real: int, padded: int, cost: Cost | None, limits: Limits) -> float:
@@ -236,7 +268,7 @@ def next_batch(
     the one waiting longest. `ordered`: each queue is already in length order (`in_order`), as
     a worker keeps it, so a decision costs no sort of everything queued."""
     load = load or Load()
-    best: tuple[tuple[bool, float], Batch] | None = None
+    best: tuple[tuple[int, float], Batch] | None = None
     wake: float | None = None
     for bucket, queue in queues.items():
         if not queue:
@@ -244,7 +276,7 @@ def next_batch(
         anchor = _anchor(queue, now_s, limits)
         urgent = _urgent(anchor, now_s, limits)
         by_length = queue if ordered else in_order(queue)
-        members, stopped = _take(by_length, anchor, limits, load.cost_for(bucket))
+        members, stopped = _members(by_length, anchor, limits, load.cost_for(bucket))
         if len(members) == limits.max_batch_size:
             trigger = "size"
         elif stopped is not None:
@@ -264,10 +296,29 @@ def next_batch(
             real_tokens=sum(w.n_tokens for w in members),
             trigger=trigger,
         )
-        rank = (not urgent, anchor.arrived_s)
+        rank = (
+            0 if urgent else 2 if anchor.priority == PRIORITY_BACKGROUND else 1,
+            anchor.arrived_s,
+        )
         if best is None or rank < best[0]:
             best = (rank, batch)
     return best[1] if best is not None else Wait(wake)
+
+
+def _members(
+    ordered: Sequence[Waiting], anchor: Waiting, limits: Limits, cost: Cost | None
+) -> tuple[Sequence[Waiting], str | None]:
+    """The batch around `anchor`: grown through online rows only when it is online and
+    background rows are queued, then topped up with those (`_fill`)."""
+    if anchor.priority == PRIORITY_BACKGROUND or all(
+        w.priority != PRIORITY_BACKGROUND for w in ordered
+    ):
+        return _take(ordered, anchor, limits, cost)
+    online = [w for w in ordered if w.priority != PRIORITY_BACKGROUND]
+    members, stopped = _take(online, anchor, limits, cost)
+    spare = [w for w in ordered if w.priority == PRIORITY_BACKGROUND]
+    filled = _fill(members, spare, limits, cost)
+    return filled, stopped
 
 
 def _wait_trigger(

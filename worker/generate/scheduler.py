@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.protocol import PRIORITY_INTERACTIVE
 from common.settings import Settings
 
 
@@ -127,7 +126,7 @@ def _admit(
     admit: list[int] = []
     if any(s.alone and s.pending for s in kept):
         return admit  # a lone prefill still running: nobody joins it
-    queue = sorted(waiting, key=lambda s: (s.priority != PRIORITY_INTERACTIVE, s.order))
+    queue = sorted(waiting, key=lambda s: (s.priority, s.order))  # interactive, batch, background
     for seq in queue:
         idle = not lengths
         if seq.alone and not (idle and not admit):

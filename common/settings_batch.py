@@ -1,0 +1,58 @@
+"""The Files and Batch API's settings: a part of `common.settings.Settings`, declared apart.
+
+Nothing builds this class alone: `Settings` inherits it, so one object still holds every
+CLI option and `MICROBATCH_<NAME>` variable, validated once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+
+class BatchSettings(BaseSettings):
+    # Each `description` is the setting's row in docs/settings.md (common/settings_doc.py).
+
+    files_store: Literal["auto", "disk", "redis"] = Field(
+        default="auto",
+        description="where uploaded and batch output files live: `disk` (`files_dir`, one "
+        "host), `redis` (the queue's Redis: every gateway of a fleet reads every file); "
+        "`auto` = `redis` with `redis_url`, else `disk`",
+    )
+    files_dir: Path = Field(
+        default=Path("~/.local/share/microbatch/files"),
+        description="the folder `files_store=disk` keeps files in",
+    )
+    max_file_bytes: int = Field(
+        default=100 * 1024 * 1024,
+        gt=0,
+        description="largest file `POST /v1/files` accepts; 413 above it",
+    )
+    max_batch_lines: int = Field(
+        default=50_000,
+        gt=0,
+        description="requests one batch input file may hold (OpenAI's limit); more fails "
+        "the batch at validation",
+    )
+    batch_window: int = Field(
+        default=128,
+        gt=0,
+        description="lines of one batch in the queue at once, per gateway driving it: "
+        "enough to fill the workers' batches, few enough that online traffic never waits "
+        "behind a file's worth; halved while the queue refuses lines, grown back as they "
+        "are answered",
+    )
+    batch_lease_ms: int = Field(
+        default=10_000,
+        gt=0,
+        description="how long a gateway driving a batch may go silent before another one "
+        "resumes it where it was",
+    )
+    batch_output_ttl_s: int = Field(
+        default=30 * 24 * 3600,
+        gt=0,
+        description="how long a finished batch and its output files are kept",
+    )

@@ -1,0 +1,103 @@
+"""`BatchFeeder`: every gateway's watch over the fleet's unfinished batches.
+
+Each gateway looks at the active batches a few times per lease and drives any that no live
+gateway holds (`SET NX PX` on the batch's lease, renewed while it drives). So a batch
+created on one gateway is driven by whichever takes it first, and when that gateway dies
+its lease lapses and another resumes the batch where the results say it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
+
+from common.backoff import Backoff
+from common.tasks import spawn_supervised
+from gateway.batch_records import BatchRecords
+from gateway.batch_run import BatchRun
+
+log = logging.getLogger("microbatch.batches")
+
+RunFactory = Callable[[str, asyncio.Event], BatchRun]
+
+
+class BatchFeeder:
+    def __init__(self, records: BatchRecords, runs: RunFactory, holder: str, lease_ms: int) -> None:
+        self._records, self._runs = records, runs
+        self._holder, self._lease_ms = holder, lease_ms
+        self._driving: dict[str, asyncio.Task[None]] = {}
+
+    @property
+    def driving(self) -> list[str]:
+        return sorted(self._driving)
+
+    async def run(self, stop: asyncio.Event, changed: asyncio.Event) -> None:
+        """Until `stop`: take up batches nobody drives, a few times per lease and at once
+        when this gateway created one (`changed`, set on stop too); on stop, hand back the ones
+        held."""
+        backoff = Backoff()
+        try:
+            while not stop.is_set():
+                try:
+                    await self._take_up()
+                    backoff.reset()
+                except RedisError as exc:
+                    await backoff.wait(log, "looking for batches to drive", exc)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), self._lease_ms / 4000)
+                changed.clear()
+        finally:
+            tasks = list(self._driving.values())
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _take_up(self) -> None:
+        for batch_id in await self._records.active():
+            if batch_id in self._driving:
+                continue
+            if await self._records.take_lease(batch_id, self._holder, self._lease_ms):
+                log.info("driving batch %s", batch_id)
+                self._driving[batch_id] = spawn_supervised(
+                    f"batch {batch_id}", self._drive(batch_id), self._ended(batch_id)
+                )
+
+    def _ended(self, batch_id: str) -> Callable[[BaseException | None], None]:
+        """A driver that died (a Redis outage mid-batch, a bug) is logged by its supervisor;
+        its lease is released, and the next look takes the batch up again from its results."""
+
+        def ended(exc: BaseException | None) -> None:
+            self._driving.pop(batch_id, None)
+
+        return ended
+
+    async def _drive(self, batch_id: str) -> None:
+        lost = asyncio.Event()
+        keeper = spawn_supervised(
+            f"batch {batch_id} lease", self._keep_lease(batch_id, lost), lambda exc: lost.set()
+        )
+        try:
+            await self._runs(batch_id, lost).drive()
+        finally:
+            keeper.cancel()
+            self._driving.pop(batch_id, None)
+            with contextlib.suppress(RedisError):
+                await self._records.release_lease(batch_id, self._holder)
+
+    async def _keep_lease(self, batch_id: str, lost: asyncio.Event) -> None:
+        """Renew at a third of the lease; a renewal refused (it lapsed and another took it)
+        or failing past the lease's end stops this driver."""
+        every_s = self._lease_ms / 3000
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                if not await self._records.renew_lease(batch_id, self._holder, self._lease_ms):
+                    lost.set()
+                    return
+            except RedisError as exc:
+                log.warning("renewing the lease of batch %s failed: %s", batch_id, exc)

@@ -1,0 +1,99 @@
+"""A deployment on one event loop on a thread: gateways (uvicorn over `create_app`) and
+workers (`run_worker`), each with its own store, over a real redis-server. What a scenario
+needs of a fleet, without process starts; `stop_gateway` ends one gateway as SIGTERM would."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import Any
+
+import httpx
+import uvicorn
+
+from common.settings import Settings
+from common.store import close_store, open_store
+from gateway.app import create_app
+from tests.conftest import wait_until
+from worker.main import run_worker
+
+
+class InProcess:
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+        self._servers: dict[str, tuple[uvicorn.Server, Any]] = {}
+        self._workers: list[tuple[asyncio.Event, Any]] = []
+        self.failures: list[BaseException | None] = []  # what ended a worker early
+
+    def _run(self, coro: Any, timeout_s: float = 60) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def start_gateway(self, settings: Settings) -> str:
+        async def start() -> tuple[uvicorn.Server, Any]:
+            store = open_store(settings)
+            app = create_app(settings, store)
+            config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_config=None)
+            server = uvicorn.Server(config)
+
+            async def serve() -> None:
+                try:
+                    await server.serve()
+                finally:
+                    await close_store(store)
+
+            return server, self.loop.create_task(serve())
+
+        url = f"http://127.0.0.1:{settings.port}"
+        self._servers[url] = self._run(start())
+        wait_until(
+            lambda: _status(f"{url}/healthz"), 30, f"gateway {url} up", until=lambda s: s == 200
+        )
+        return url
+
+    def stop_gateway(self, url: str) -> None:
+        server, task = self._servers.pop(url)
+        server.should_exit = True
+
+        async def ended() -> None:
+            await asyncio.wait_for(asyncio.shield(task), 30)
+
+        self._run(ended())
+
+    def start_worker(self, settings: Settings) -> None:
+        async def start() -> tuple[asyncio.Event, Any]:
+            stop = asyncio.Event()
+            task = self.loop.create_task(run_worker(settings, stop))
+            task.add_done_callback(self._ended)
+            return stop, task
+
+        self._workers.append(self._run(start()))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failures.append(task.exception())
+
+    def close(self) -> None:
+        for url in list(self._servers):
+            with contextlib.suppress(Exception):
+                self.stop_gateway(url)
+
+        async def stop_workers() -> None:
+            for stop, _ in self._workers:
+                stop.set()
+            await asyncio.wait_for(
+                asyncio.gather(*(task for _, task in self._workers), return_exceptions=True), 60
+            )
+
+        with contextlib.suppress(Exception):
+            self._run(stop_workers(), 90)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+def _status(url: str) -> int | None:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url, timeout=2).status_code
+    return None
