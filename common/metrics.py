@@ -25,6 +25,20 @@ duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )
 
+# Gateway: the Batch API (the fleet's batches: every gateway reports the same; take the max)
+batch_lines_total = Counter(
+    "microbatch_batch_lines_total",
+    "Batch lines this gateway ran: answered (2xx), failed (other statuses), retried (load)",
+    ["outcome"],
+)
+batches = Gauge("microbatch_batches", "Unfinished batches of the fleet by status", ["status"])
+unfinished_batch_lines = Gauge(
+    "microbatch_unfinished_batch_lines",
+    "Lines of the fleet's unfinished batches: pending, answered, failed",
+    ["state"],
+)
+batches_driving = Gauge("microbatch_batches_driving", "Batches this gateway drives now")
+
 # Worker
 queue_wait_seconds = Histogram(
     "microbatch_queue_wait_seconds",

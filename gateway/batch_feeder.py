@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from common import metrics
 from common.backoff import Backoff
 from common.tasks import spawn_supervised
-from gateway.batch_records import BatchRecords
+from gateway.batch_records import BatchRecords, summarize
 from gateway.batch_run import BatchRun
 
 log = logging.getLogger("microbatch.batches")
@@ -58,7 +59,9 @@ class BatchFeeder:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _take_up(self) -> None:
-        for batch_id in await self._records.active():
+        records = await self._records.active_records()
+        _report(records)
+        for batch_id in [record["id"] for record in records]:
             if batch_id in self._driving:
                 continue
             if await self._records.take_lease(batch_id, self._holder, self._lease_ms):
@@ -66,6 +69,7 @@ class BatchFeeder:
                 self._driving[batch_id] = spawn_supervised(
                     f"batch {batch_id}", self._drive(batch_id), self._ended(batch_id)
                 )
+        metrics.batches_driving.set(len(self._driving))
 
     def _ended(self, batch_id: str) -> Callable[[BaseException | None], None]:
         """A driver that died (a Redis outage mid-batch, a bug) is logged by its supervisor;
@@ -101,3 +105,11 @@ class BatchFeeder:
                     return
             except RedisError as exc:
                 log.warning("renewing the lease of batch %s failed: %s", batch_id, exc)
+
+
+def _report(records: list[dict[str, str]]) -> None:
+    statuses, lines = summarize(records)
+    for status in ("validating", "in_progress", "finalizing", "cancelling"):
+        metrics.batches.labels(status).set(statuses.get(status, 0))
+    for state, count in lines.items():
+        metrics.unfinished_batch_lines.labels(state).set(count)

@@ -73,6 +73,20 @@ def batch_object(record: Mapping[str, str]) -> dict[str, Any]:
     return body
 
 
+def summarize(records: list[dict[str, str]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Batches by the status a client sees, and their lines pending, answered and failed."""
+    statuses: dict[str, int] = {}
+    lines = {"pending": 0, "answered": 0, "failed": 0}
+    for record in records:
+        status = batch_object(record)["status"]
+        statuses[status] = statuses.get(status, 0) + 1
+        total, done, failed = (int(record.get(n) or 0) for n in _COUNTED)
+        lines["answered"] += done
+        lines["failed"] += failed
+        lines["pending"] += max(0, total - done - failed)
+    return statuses, lines
+
+
 class BatchRecords:
     def __init__(self, store: Store, keys: Keys) -> None:
         self._store, self._keys = store, keys
@@ -97,6 +111,15 @@ class BatchRecords:
 
     async def active(self) -> list[str]:
         return sorted(_text(i) for i in await self._store.smembers(self._keys.active_batches))
+
+    async def active_records(self) -> list[dict[str, str]]:
+        found = [await self.get(batch_id) for batch_id in await self.active()]
+        return [record for record in found if record is not None]
+
+    async def driver(self, batch_id: str) -> str | None:
+        """The gateway that holds the batch's lease now, if any."""
+        holder = await self._store.get(self._keys.batch_lease(batch_id))
+        return None if holder is None else _text(holder)
 
     async def finished(self, batch_id: str, ttl_s: int) -> None:
         """Off the active set; its record and results kept for `ttl_s`."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from common import metrics
 from common.backoff import Backoff
 from common.tasks import spawn_supervised
 from gateway.batch_lines import Line, assemble, read_lines, result_line, unfinished_line
@@ -175,6 +176,7 @@ class BatchRun:
             if self._gone.is_set():
                 return  # hung up: whatever came back is not this line's result
             if answer.status in RETRIED:
+                metrics.batch_lines_total.labels("retried").inc()
                 window.refused()
                 await asyncio.sleep(backoff.next_s())
                 continue
@@ -182,6 +184,7 @@ class BatchRun:
             answered, out = result_line(self.id, line, answer.status, request_id, answer.body)
             await self._records.save_result(self.id, line.custom_id, answered, out)
             self._counts["completed" if answered else "failed"] += 1
+            metrics.batch_lines_total.labels("answered" if answered else "failed").inc()
             return
 
     async def _finalize(self, lines: list[Line]) -> None:

@@ -250,9 +250,47 @@ def tiny_model(
     typer.echo(f"wrote a random-weight causal LM to {path}: serve it with --model {path}")
 
 
+def batches(
+    ctx: typer.Context,
+    redis_url: RedisUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts")] = False,
+) -> None:
+    """The fleet's unfinished batches: status, lines answered, failed and pending, driver."""
+    from rich.console import Console
+
+    from common import streams
+    from common.cli.render import batches_table
+    from common.store import close_store, open_store
+    from gateway.batch_records import BatchRecords, batch_object
+
+    settings = settings_from_context(ctx, redis_url=redis_url)
+    if settings.embedded:
+        raise typer.BadParameter("batches needs --redis-url (or MICROBATCH_REDIS_URL)")
+
+    async def snapshot() -> list[dict]:
+        store = open_store(settings)
+        try:
+            records = BatchRecords(store, streams.Keys(settings.prefix))
+            found = []
+            for record in await records.active_records():
+                body = batch_object(record)
+                body["driver"] = await records.driver(record["id"])
+                found.append(body)
+            return found
+        finally:
+            await close_store(store)
+
+    found = asyncio.run(snapshot())
+    if as_json:
+        print(json.dumps(found))
+    else:
+        Console(width=140).print(batches_table(found))
+
+
 def register(app: typer.Typer) -> None:
     """Add the operator commands to the one typer app."""
     app.command(context_settings=EXTRA)(status)
+    app.command(context_settings=EXTRA)(batches)
     app.command()(bench)
     app.command(context_settings=EXTRA)(tune)
     app.command("tiny-model")(tiny_model)

@@ -37,6 +37,35 @@ def status_table(models: list) -> Any:
     return table
 
 
+def batches_table(batches: list[dict]) -> Any:
+    table = Table(title="microbatch batches (unfinished)")
+    for column in (
+        "batch",
+        "endpoint",
+        "status",
+        "total",
+        "answered",
+        "failed",
+        "pending",
+        "driver",
+    ):
+        table.add_column(column, justify="left" if column in ("batch", "endpoint") else "right")
+    for b in batches:
+        counts = b["request_counts"]
+        pending = counts["total"] - counts["completed"] - counts["failed"]
+        table.add_row(
+            b["id"],
+            b["endpoint"],
+            b["status"],
+            str(counts["total"]),
+            str(counts["completed"]),
+            str(counts["failed"]),
+            str(max(0, pending)),
+            b["driver"] or "none (taken up within a lease)",
+        )
+    return table
+
+
 def summary_table(title: str, summary: dict) -> Any:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"

@@ -11,15 +11,19 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import orjson
 import pytest
 import redis
 from openai import ConflictError, NotFoundError, OpenAI
+from typer.testing import CliRunner
 
+from common.cli import app
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
 from tests.integration.in_process import InProcess
+from tests.integration.test_observability import sample
 from tests.openai import schema_errors
 
 PREFIX = "mbbatch"
@@ -324,3 +328,45 @@ def test_files_and_batches_belong_to_the_key_that_made_them(fleet) -> None:
     assert deleted.deleted and schema_errors("DeleteFileResponse", deleted.model_dump()) == []
     with pytest.raises(NotFoundError):
         mine.files.retrieve(file_id)
+
+
+def test_operators_see_the_fleets_batches_and_the_background_lane(
+    fleet, redis_server: RedisServer
+) -> None:
+    """`microbatch batches` lists an unfinished batch with its counts and driver; the
+    gateway's metrics count its lines by outcome and its batches by status."""
+    _, url, _ = fleet
+    client = client_of(url)
+    lines = embedding_lines(3000, "watched")
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    wait_until(
+        lambda: client.batches.retrieve(batch.id).request_counts.completed,
+        60,
+        "lines answered",
+        interval_s=0.05,
+    )
+    shown = CliRunner().invoke(
+        app, ["batches", "--redis-url", redis_server.url, "--prefix", PREFIX, "--json"]
+    )
+    assert shown.exit_code == 0, shown.output
+    mine = next(b for b in json.loads(shown.output) if b["id"] == batch.id)
+    assert mine["status"] == "in_progress" and mine["driver"].startswith("gateway-")
+    assert mine["request_counts"]["total"] == 3000
+
+    def page() -> str:
+        return httpx.get(f"{url}/metrics", headers={"authorization": f"Bearer {KEY}"}).text
+
+    text = wait_until(
+        page,
+        10,
+        "the batch in the gauges",
+        until=lambda t: sample(t, "microbatch_unfinished_batch_lines", state="pending") > 0,
+    )
+    assert sample(text, "microbatch_batches", status="in_progress") >= 1
+    client.batches.cancel(batch.id)
+    finished(client, batch.id, 30)
+    # one process holds the whole fleet here, so its counter is every gateway's
+    answered = sample(page(), "microbatch_batch_lines_total", outcome="answered")
+    assert answered >= client.batches.retrieve(batch.id).request_counts.completed > 0
