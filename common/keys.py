@@ -21,6 +21,7 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{batch_…}:lease         the gateway driving the batch, while it drives it
     mb:batches:<owner>         sorted set: an owner's batch ids by creation (ms)
     mb:batches:active          set: batches not yet finished, for any gateway to drive
+    mb:idem:<owner>:<digest>   an Idempotency-Key's attempt: running, or its kept answer
 
 Every `{model}` key of one model shares a Redis Cluster hash slot (the braces are its hash
 tag), so commands over a model's streams never cross slots; a file's keys and a batch's
@@ -101,3 +102,6 @@ class Keys:
     @property
     def active_batches(self) -> str:
         return f"{self.prefix}:batches:active"
+
+    def idempotency(self, owner: str, digest: str) -> str:
+        return f"{self.prefix}:idem:{owner}:{digest}"

@@ -25,6 +25,13 @@ duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )
 
+idempotent_requests_total = Counter(
+    "microbatch_idempotent_requests_total",
+    "Requests with an Idempotency-Key: computed (first attempt), replayed (a kept answer), "
+    "mismatch (same key, other request: 422), conflict (still running at the deadline: 409)",
+    ["outcome"],
+)
+
 # Gateway: the Batch API (the fleet's batches: every gateway reports the same; take the max)
 batch_lines_total = Counter(
     "microbatch_batch_lines_total",

@@ -45,11 +45,24 @@ class BatchSettings(BaseSettings):
         "behind a file's worth; halved while the queue refuses lines, grown back as they "
         "are answered",
     )
+    batch_queue_depth: int = Field(
+        default=32,
+        gt=0,
+        description="a batch line enters a model's queue only while it holds fewer entries "
+        "than this (waiting or running, all traffic): online traffic that fills it stops "
+        "the feed, and an online request never queues behind more lines than this",
+    )
     batch_lease_ms: int = Field(
         default=10_000,
         gt=0,
         description="how long a gateway driving a batch may go silent before another one "
         "resumes it where it was",
+    )
+    idempotency_ttl_s: int = Field(
+        default=24 * 3600,
+        gt=0,
+        description="how long the answer to a request with an `Idempotency-Key` is kept for "
+        "its retries (per API key)",
     )
     batch_output_ttl_s: int = Field(
         default=30 * 24 * 3600,

@@ -55,8 +55,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_file_bytes",
         "max_batch_lines",
         "batch_window",
+        "batch_queue_depth",
         "batch_lease_ms",
         "batch_output_ttl_s",
+        "idempotency_ttl_s",
     ),
     "Worker: model and batching": (
         "model",

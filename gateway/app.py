@@ -24,8 +24,10 @@ from common.store import Store
 from common.tasks import spawn_supervised
 from gateway.admin import on_admin_port
 from gateway.batch_feeder import BatchFeeder
+from gateway.batch_gate import DepthGate
 from gateway.batch_run import BatchRun, RunLimits
 from gateway.hot_path import GatewayApp
+from gateway.idempotency import Idempotency
 from gateway.local_call import post_local
 from gateway.request import default_name, error_response, validation_error
 from gateway.routes import (
@@ -126,10 +128,13 @@ def _batch_feeder(services: Services, app: GatewayApp) -> BatchFeeder:
         output_ttl_s=settings.batch_output_ttl_s,
     )
 
+    def model_name(endpoint: str, name: str | None) -> str:
+        return name or default_name(services, ENDPOINT_KINDS[endpoint])
+
     def model_problem(endpoint: str, name: str | None) -> str | None:
         kind = ENDPOINT_KINDS[endpoint]
         try:
-            name = name or default_name(services, kind)
+            name = model_name(endpoint, name)
         except MicrobatchError as exc:
             return exc.message
         entry = services.catalog.models.get(name)
@@ -142,12 +147,31 @@ def _batch_feeder(services: Services, app: GatewayApp) -> BatchFeeder:
     async def post(path: str, body: bytes, headers: dict[str, str], gone: asyncio.Event) -> Any:
         return await post_local(app, path, body, headers, gone)
 
+    gate = DepthGate(services.store, services.keys, settings.buckets, settings.batch_queue_depth)
+
     def run(batch_id: str, lost: asyncio.Event) -> BatchRun:
         return BatchRun(
-            batch_id, services.batch_records, services.files, post, model_problem, limits, lost
+            batch_id,
+            services.batch_records,
+            services.files,
+            post,
+            model_problem,
+            limits,
+            lost,
+            gate,
+            model_name,
         )
 
     return BatchFeeder(services.batch_records, run, services.id, settings.batch_lease_ms)
+
+
+def _timeout_ms(scope: dict[str, Any], settings: Settings) -> int:
+    """How long a retry waits for the attempt it attached to: the request's own deadline
+    (a malformed one is the route's to refuse; the default stands in for it here)."""
+    for name, value in scope["headers"]:
+        if name == b"x-microbatch-timeout-ms" and value.isdigit():
+            return min(int(value), settings.max_request_timeout_ms)
+    return settings.request_timeout_ms
 
 
 def _background(services: Services, feeder: BatchFeeder) -> list[asyncio.Task[Any]]:
@@ -194,6 +218,14 @@ def create_app(settings: Settings, store: Store) -> GatewayApp:
         if settings.admin_port is None
         else lambda scope: on_admin_port(scope, settings.admin_port),
         larger_bodies={files.ROUTE: settings.max_file_bytes + 64 * 1024},  # + multipart framing
+        idempotency=Idempotency(
+            store,
+            services.keys,
+            settings.api_keys,
+            settings.idempotency_ttl_s,
+            lambda scope: _timeout_ms(scope, settings),
+            lambda exc: error_response(exc, None),
+        ),
         docs_url="/docs" if docs else None,
         redoc_url="/redoc" if docs else None,
         openapi_url="/openapi.json" if docs else None,

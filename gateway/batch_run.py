@@ -24,6 +24,7 @@ import orjson
 from common import metrics
 from common.backoff import Backoff
 from common.tasks import spawn_supervised
+from gateway.batch_gate import DepthGate
 from gateway.batch_lines import Line, assemble, read_lines, result_line, unfinished_line
 from gateway.batch_records import BatchRecords
 from gateway.files import FileStore, file_meta
@@ -36,6 +37,7 @@ CHECK_EVERY_S = 0.5  # how often a driver rereads the record (a cancel) and save
 
 Post = Callable[[str, bytes, dict[str, str], asyncio.Event], Awaitable[LocalAnswer]]
 ModelProblem = Callable[[str, str | None], str | None]  # (endpoint, model) -> what is wrong
+ModelName = Callable[[str, str | None], str]  # (endpoint, model or None) -> the model it means
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,11 +79,14 @@ class BatchRun:
         model_problem: ModelProblem,
         limits: RunLimits,
         lost: asyncio.Event,
+        gate: DepthGate,
+        model_name: ModelName,
     ) -> None:
         self.id = batch_id
         self._records, self._files, self._post = records, files, post
         self._model_problem, self._limits = model_problem, limits
         self._lost = lost  # set when the lease is gone: another gateway drives it now
+        self._gate, self._model_name = gate, model_name
         self._gone = asyncio.Event()  # hangs up on the lines in flight
         self._counts = {"completed": 0, "failed": 0}
         self._checked = 0.0
@@ -139,9 +144,15 @@ class BatchRun:
         window = Window(self._limits.window)
         inflight: set[asyncio.Task[None]] = set()
         try:
+            endpoint = self._record["endpoint"]
             for line in pending:
                 while len(inflight) >= int(window.size):
                     inflight = await _settle(inflight)
+                    if await self._stopping():
+                        return
+                while not await self._gate.wait(
+                    self._model_name(endpoint, line.model), CHECK_EVERY_S
+                ):
                     if await self._stopping():
                         return
                 if await self._stopping():

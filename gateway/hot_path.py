@@ -55,6 +55,7 @@ class GatewayApp(FastAPI):
         on_error: Callable[[MicrobatchError], Response],
         admin: Callable[[dict], bool] | None = None,
         larger_bodies: dict[str, int] | None = None,
+        idempotency: Idempotent | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -63,6 +64,15 @@ class GatewayApp(FastAPI):
         self._admin = admin  # whether a connection came in on the admin port; None: no port
         self._hot: dict[str, Any] = {}
         self.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes, larger=larger_bodies)
+        # a POST with an Idempotency-Key: its body read (within the same limits) to tell a
+        # retry from another request, then dispatched as any other
+        self._idempotent = (
+            None
+            if idempotency is None
+            else BodyLimitMiddleware(
+                _Idempotent(idempotency, self._dispatch), max_body_bytes, larger_bodies
+            )
+        )
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document, with each hot route's body definitions (`$defs`, which a
@@ -94,6 +104,17 @@ class GatewayApp(FastAPI):
             error = RouteNotFound("the admin port serves /metrics, /healthz and /readyz only")
             await self._on_error(error)(scope, receive, send)
             return
+        if (
+            self._idempotent is not None
+            and scope["type"] == "http"
+            and scope["method"] == "POST"
+            and any(name == b"idempotency-key" for name, _ in scope["headers"])
+        ):
+            await self._idempotent(scope, receive, send)
+            return
+        await self._dispatch(scope, receive, send)
+
+    async def _dispatch(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             route = self._hot.get(_route_path(scope))
             if route is not None:
@@ -101,6 +122,21 @@ class GatewayApp(FastAPI):
                 await route(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+Idempotent = Callable[
+    [dict, Any, Any, Callable[[dict, Any, Any], Awaitable[None]]], Awaitable[None]
+]
+
+
+class _Idempotent:
+    """The idempotency layer as an ASGI app around the dispatch."""
+
+    def __init__(self, layer: Idempotent, dispatch: Callable[..., Awaitable[None]]) -> None:
+        self.layer, self.dispatch = layer, dispatch
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        await self.layer(scope, receive, send, self.dispatch)
 
 
 def _components_refs(node: Any) -> Any:

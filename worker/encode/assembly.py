@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.protocol import EmbeddingResult, RequestEntry, encode
+from common.protocol import PRIORITY_BACKGROUND, EmbeddingResult, RequestEntry, encode
 from worker.held import Held
 from worker.replies import Reply, error_reply, within_limit
 
@@ -52,6 +52,11 @@ class Assembly:
     @property
     def entry(self) -> RequestEntry:
         return self.held.entry  # type: ignore[return-value]
+
+    @property
+    def background(self) -> bool:
+        """A Batch API line: it only fills what online traffic leaves."""
+        return self.entry.priority == PRIORITY_BACKGROUND
 
     def filled(self, indices: list[int], results: list[object], facts: BatchFacts) -> None:
         """Rows of this entry that one batch computed: their indices in the entry, and each

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from common.protocol import PRIORITY_BACKGROUND, PRIORITY_INTERACTIVE
@@ -88,6 +88,15 @@ def raw_ms(wait_s: float | None) -> str:
     return "auto" if wait_s is None else f"{wait_s * 1000:g}"
 
 
+# Background rows and online traffic (issue 36): a background row may make an online batch
+# at most FILL_SHARE slower; while online traffic came within ONLINE_LIVE_S, a batch of
+# background rows alone costs at most a fifth of the latency target (or a quarter of the
+# batch size before a cost model), so an online row arriving meanwhile waits little.
+FILL_SHARE = 0.2
+ONLINE_LIVE_S = 1.0
+BACKGROUND_SLICE = 0.2
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """What the worker has measured: its batch cost (per bucket where fitted, else over all
@@ -103,6 +112,11 @@ class Load:
     arrivals_per_s: Mapping[int, float] = field(default_factory=dict)
     computing: int = 0
     bucket_costs: Mapping[int, Cost] = field(default_factory=dict)
+    online_idle_s: float = float("inf")  # since the last online (not background) row came
+
+    @property
+    def online_live(self) -> bool:
+        return self.online_idle_s < ONLINE_LIVE_S
 
     def cost_for(self, bucket: int) -> Cost | None:
         return self.bucket_costs.get(bucket, self.cost)
@@ -115,6 +129,7 @@ class Batch:
     padded_tokens: int
     real_tokens: int
     trigger: str  # size | tokens | split | priority | wait | alone (a redelivered row)
+    background: bool = False  # built around a background row: no online row was queued
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,18 +172,22 @@ def _fill(
     members: Sequence[Waiting], spare: Sequence[Waiting], limits: Limits, cost: Cost | None
 ) -> list[Waiting]:
     """An online batch topped up with background rows (`spare`, in length order) while it
-    stays worth it: first those no longer than its longest member (longest first: the least
-    padding), then longer ones, shortest first. So a background row only ever fills a
-    batch that online traffic leaves partial, and never pushes an online row out of it."""
+    stays worth it and, under a cost model, at most FILL_SHARE slower than without them:
+    first those no longer than its longest member (longest first: the least padding), then
+    longer ones, shortest first. So a background row only ever fills a batch that online
+    traffic leaves partial, and never pushes an online row out of it."""
     batch = list(members)
     size, longest = len(batch), max(w.n_tokens for w in batch)
     real = sum(w.n_tokens for w in batch)
+    most_s = None if cost is None else cost.seconds(longest * size) * (1 + FILL_SHARE)
     cut = bisect_left(spare, longest + 1, key=attrgetter("n_tokens"))
     for w in [*reversed(spare[:cut]), *spare[cut:]]:
         if size >= limits.max_batch_size:
             break
         wider = max(longest, w.n_tokens)
         if wider * (size + 1) > limits.max_batch_tokens:
+            continue
+        if most_s is not None and cost is not None and cost.seconds(wider * (size + 1)) > most_s:
             continue
         worth = _worth(real + w.n_tokens, wider * (size + 1), cost, limits)
         current = _worth(real, longest * size, cost, limits)
@@ -276,7 +295,7 @@ def next_batch(
         anchor = _anchor(queue, now_s, limits)
         urgent = _urgent(anchor, now_s, limits)
         by_length = queue if ordered else in_order(queue)
-        members, stopped = _members(by_length, anchor, limits, load.cost_for(bucket))
+        members, stopped = _members(by_length, anchor, limits, load, bucket)
         if len(members) == limits.max_batch_size:
             trigger = "size"
         elif stopped is not None:
@@ -295,6 +314,7 @@ def next_batch(
             padded_tokens=max(w.n_tokens for w in members) * len(members),
             real_tokens=sum(w.n_tokens for w in members),
             trigger=trigger,
+            background=anchor.priority == PRIORITY_BACKGROUND,
         )
         rank = (
             0 if urgent else 2 if anchor.priority == PRIORITY_BACKGROUND else 1,
@@ -306,19 +326,35 @@ def next_batch(
 
 
 def _members(
-    ordered: Sequence[Waiting], anchor: Waiting, limits: Limits, cost: Cost | None
+    ordered: Sequence[Waiting], anchor: Waiting, limits: Limits, load: Load, bucket: int
 ) -> tuple[Sequence[Waiting], str | None]:
     """The batch around `anchor`: grown through online rows only when it is online and
-    background rows are queued, then topped up with those (`_fill`)."""
-    if anchor.priority == PRIORITY_BACKGROUND or all(
-        w.priority != PRIORITY_BACKGROUND for w in ordered
-    ):
+    background rows are queued, then topped up with those (`_fill`); a batch of background
+    rows alone is a slice while online traffic is live (`_slice`)."""
+    cost = load.cost_for(bucket)
+    if anchor.priority == PRIORITY_BACKGROUND:
+        return _take(ordered, anchor, _slice(limits, load, cost), cost)
+    if all(w.priority != PRIORITY_BACKGROUND for w in ordered):
         return _take(ordered, anchor, limits, cost)
     online = [w for w in ordered if w.priority != PRIORITY_BACKGROUND]
     members, stopped = _take(online, anchor, limits, cost)
     spare = [w for w in ordered if w.priority == PRIORITY_BACKGROUND]
     filled = _fill(members, spare, limits, cost)
     return filled, stopped
+
+
+def _slice(limits: Limits, load: Load, cost: Cost | None) -> Limits:
+    """The limits of a batch of background rows: whole while no online row came for
+    ONLINE_LIVE_S, else cut to what computes within BACKGROUND_SLICE of the latency target
+    (a quarter of the batch size before a cost model; one row at least)."""
+    if not load.online_live:
+        return limits
+    if cost is None:
+        size = max(1, limits.max_batch_size // 4)
+        return replace(limits, max_batch_size=size)
+    budget_s = limits.latency_slo_s * BACKGROUND_SLICE - cost.fixed_s
+    tokens = int(budget_s / cost.per_token_s) if budget_s > 0 else 0
+    return replace(limits, max_batch_tokens=max(1, min(limits.max_batch_tokens, tokens)))
 
 
 def _wait_trigger(

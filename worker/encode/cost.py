@@ -120,9 +120,12 @@ class Observations:
         self._costs: dict[int, BatchCost] = {}
         self._bucket_costs: dict[tuple[int, int], BatchCost] = {}
         self._arrivals = {b: ArrivalRate() for b in buckets}
+        self.last_online_s = float("-inf")  # when the last online (not background) entry came
 
-    def arrival(self, bucket: int, at_s: float, count: int = 1) -> None:
+    def arrival(self, bucket: int, at_s: float, count: int = 1, online: bool = True) -> None:
         self._arrivals[bucket].observe(at_s, count)
+        if online:
+            self.last_online_s = max(self.last_online_s, at_s)
 
     def batch(self, threads: int, bucket: int, padded_tokens: int, seconds: float) -> None:
         self._costs.setdefault(threads, BatchCost()).observe(padded_tokens, seconds)

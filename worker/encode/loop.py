@@ -131,7 +131,7 @@ class EmbedLoop:
         self._entries[(held.stream, held.entry_id)] = assembly
         self._rows.add(held.bucket, assembly)
         n = len(assembly.rows)
-        self._observed.arrival(held.bucket, held.arrived_s, n)
+        self._observed.arrival(held.bucket, held.arrived_s, n, not assembly.background)
         self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
         if self._inbox.unwanted(assembly.entry.id, assembly.entry.reply_to):
             self._seen_version = -1  # cancelled before it arrived: look at once
@@ -215,11 +215,14 @@ class EmbedLoop:
         it the moment the running one ends, instead of idling through the loop's turn after
         it (the replies, the acks, the next decision), which the loop now spends while the
         next batch computes. One waits at most; a batch that could still grow waits for the
-        stream as before. 0.0 when one was queued, else None (ask again on a change)."""
+        stream as before, and so does one of background rows: an online row read meanwhile
+        goes first. 0.0 when one was queued, else None (ask again on a change)."""
         if self._parallel.streams != 1 or len(self._computing) != 1:
             return None
         decision = self._decide(limits)
         if not isinstance(decision, Batch) or decision.trigger not in FULL_TRIGGERS:
+            return None
+        if decision.background:
             return None
         self._start_batch(decision, self._parallel.threads_per_stream, 0, behind=True)
         return 0.0
@@ -246,8 +249,9 @@ class EmbedLoop:
     def _load(self) -> Load:
         """Arrival rates, and the batch cost at the thread count batches get under load."""
         cost, per_bucket = self._observed.cost_at(self._parallel.threads_per_stream)
-        rates = self._observed.rates(self._clock())
-        return Load(cost, rates, len(self._computing), per_bucket)
+        now_s = self._clock()
+        idle_s = now_s - self._observed.last_online_s  # since online traffic last came
+        return Load(cost, self._observed.rates(now_s), len(self._computing), per_bucket, idle_s)
 
     def _drop_unwanted(self) -> None:
         """Before any compute: drop the queued rows of entries whose client left (acked) or
