@@ -8,6 +8,7 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{model}:workers         sorted set: consumer name -> last consume-loop beat (ms)
     mb:{model}:batching        hash: live batching overrides workers apply within a beat
     mb:{model}:cancel          sorted set: entry id -> until (ms) for requests nobody awaits
+    mb:{model}:cold_start      ms from a worker's process start to its registration, last seen
     mb:reply:<gateway id>      replies for one gateway process
     mb:models                  hash: model name -> ModelInfo
     mb:gateways                sorted set: reply stream -> its gateway's last beat (ms)
@@ -63,6 +64,9 @@ class Keys:
 
     def batching(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:batching"
+
+    def cold_start(self, model: str) -> str:
+        return f"{self.prefix}:{{{model}}}:cold_start"
 
     def cancel(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:cancel"

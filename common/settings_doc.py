@@ -40,6 +40,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_tokens_per_request",
         "max_scored_prompt_tokens",
         "max_queue_depth",
+        "cold_start_ms",
         "max_queued_tokens",
         "max_body_bytes",
         "max_inputs_per_request",

@@ -94,6 +94,13 @@ class GatewaySettings(BaseSettings):
         description="with `api_keys` set, the keys that may send `X-Microbatch-Priority: "
         "interactive` (others get 403); `*` = every key",
     )
+    cold_start_ms: int | None = Field(
+        default=None,
+        gt=0,
+        description="a model with no live worker (it stopped, or scaled to zero) still takes "
+        "requests whose deadline allows a worker this long to start, until a worker has "
+        "measured its own start; none = refuse them (503) until then",
+    )
     max_queue_depth: int = Field(
         default=4096, gt=0, description="per model: above it, 503 with `Retry-After`"
     )

@@ -264,6 +264,19 @@ async def forget_affinity(store: Store, keys: Keys, model: str, worker: str) -> 
     return True
 
 
+async def record_cold_start(store: Store, keys: Keys, model: str, ms: int) -> None:
+    await store.set(keys.cold_start(model), str(ms))
+
+
+async def cold_start_ms(store: Store, keys: Keys, model: str) -> int | None:
+    """The last measured start of a worker of `model`, None before any was measured."""
+    raw = await store.get(keys.cold_start(model))
+    try:
+        return None if raw is None else int(raw)
+    except ValueError:
+        return None
+
+
 async def registered_models(store: Store, keys: Keys) -> dict[str, bytes]:
     rows = await store.hgetall(keys.models)
     return {as_text(name): bytes(info) for name, info in (rows or {}).items()}

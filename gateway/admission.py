@@ -18,6 +18,9 @@ class QueueState:
     # Rows/s the model's workers take off its streams, measured under a backlog; None
     # while nothing trustworthy has been measured (no backlog, or a store that cannot say).
     service_rate_per_s: float | None = None
+    # With no live worker: how long one takes to start (measured, else the operator's
+    # `cold_start_ms`); None: unknown, and such a request is refused.
+    cold_start_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.service_rate_per_s is not None and self.service_rate_per_s <= 0:
@@ -83,8 +86,10 @@ def admit(
     bound every model's queue; a generation model's is bounded in tokens too, since one
     sequence may cost a 4-token prompt or a whole context."""
     if state.live_workers == 0:
-        message = "no live worker serves this model right now"
-        return Rejected("no_workers", message, 1.0, code="no_workers")  # not "queue full"
+        cold = state.cold_start_ms
+        if cold is None or timeout_ms is None or cold > QUEUE_SHARE_OF_DEADLINE * timeout_ms:
+            return _no_workers(cold, timeout_ms)
+        # else queued durably below: the queue's lag wakes a worker (scale from zero)
     if state.depth + n_inputs > max_queue_depth:
         message = (
             f"queue for this model holds {state.depth} inputs; adding {n_inputs} would exceed "
@@ -103,6 +108,19 @@ def admit(
     if timeout_ms is not None and state.service_rate_per_s is not None:
         return _feasible(state.depth, n_inputs, state.service_rate_per_s, timeout_ms)
     return Admitted()
+
+
+def _no_workers(cold_start_ms: int | None, timeout_ms: int | None) -> Rejected:
+    """Refused at once: no worker, and none can start within this request's deadline."""
+    if cold_start_ms is None:
+        message = "no live worker serves this model right now"
+        return Rejected("no_workers", message, 1.0, code="no_workers")  # not "queue full"
+    message = (
+        f"no live worker serves this model right now, and one takes about {cold_start_ms} ms "
+        f"to start: more than this request's {timeout_ms} ms deadline allows"
+    )
+    retry_after_s = min(MAX_RETRY_AFTER_S, max(1.0, cold_start_ms / 1000))
+    return Rejected("no_workers", message, retry_after_s, code="no_workers")
 
 
 def _feasible(depth: int, n_inputs: int, rate_per_s: float, timeout_ms: int) -> Admitted | Rejected:

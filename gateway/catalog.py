@@ -37,6 +37,7 @@ class ModelEntry:
     live_workers: int = 0
     depth: int = 0  # waiting + in progress, all buckets
     service_rate_per_s: float | None = None  # see DeliveryRate; None when not trustworthy
+    cold_start_ms: int | None = None  # a worker's last measured start; None: never measured
 
 
 Counters = dict[int, int]  # bucket -> XINFO GROUPS entries-read of its stream
@@ -186,7 +187,8 @@ class Catalog:
             rate = self._rates.setdefault(name, DeliveryRate()).observe(
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
-            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate)
+            cold = await streams.cold_start_ms(self._store, self._keys, name)
+            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate, cold)
             if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
                 live = {w.name for w in state.workers if w.live}
                 loads = await streams.worker_loads(self._store, self._keys, name)

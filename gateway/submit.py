@@ -55,6 +55,7 @@ def admit_or_refuse(
             max(round(model.depth * per_entry), services.router.waiting(name)),
             model.live_workers,
             rate and rate * per_entry,
+            model.cold_start_ms if model.cold_start_ms is not None else settings.cold_start_ms,
         ),
         n_inputs,
         settings.max_queue_depth,

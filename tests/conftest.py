@@ -342,7 +342,8 @@ def wait_ready(proc: Proc, timeout: float = 120.0, models: int = 1) -> None:
             )
         with contextlib.suppress(httpx.HTTPError):
             last = httpx.get(f"{proc.base_url}/readyz", timeout=2)
-            if last.status_code == 200 and len(last.json()["models"]) >= models:
+            found = last.json()["models"] if last.status_code == 200 else {}
+            if len(found) >= models and all(m["live_workers"] > 0 for m in found.values()):
                 return
         time.sleep(0.2)
     body = last.text if last is not None else "no answer"

@@ -11,8 +11,11 @@ import logging
 import sys
 from collections.abc import Callable
 
+from redis.exceptions import RedisError
+
 from common import gc_tuning, streams
 from common.backoff import Backoff, until_ok
+from common.clock import process_age_s
 from common.protocol import ModelInfo, ModelKind, encode
 from common.settings import Settings
 from common.store import Store, check_access, close_store, open_store
@@ -143,6 +146,19 @@ def batch_profiler(settings: Settings, name: str) -> BatchProfiler | None:
     return BatchProfiler(settings.profile_dir, name, device=settings.device)
 
 
+async def _record_cold_start(store: Store, settings: Settings) -> None:
+    """How long this worker took from its process's start to serving: what a gateway lets a
+    request to a model with no live worker wait for (scale from zero)."""
+    started_ms = round(process_age_s() * 1000)
+    try:
+        keys = streams.Keys(settings.prefix)
+        await streams.record_cold_start(store, keys, settings.served_name, started_ms)
+    except RedisError as exc:  # the next start measures again; serving matters more
+        log.warning("could not record this worker's cold start (%d ms): %s", started_ms, exc)
+    else:
+        log.info("worker ready %d ms after its process started", started_ms)
+
+
 async def run_worker(
     settings: Settings,
     stop: asyncio.Event,
@@ -171,6 +187,7 @@ async def run_worker(
             f"registering {settings.served_name}",
             backoff=Backoff(first_s=0.5, cap_s=0.5),
         )
+        await _record_cold_start(store, settings)
         log.info("worker %s serving %s as %s", consumer.name, settings.model, settings.served_name)
         await consumer.run(stop)
         if consumer.crashed is not None:

@@ -77,20 +77,38 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Ready when Redis answers and every model has a live worker: from the catalog as it
-    stands, refreshed (single flight) only when older than `READY_FRESH_S`, so a burst of
-    probes costs Redis one read and a probe never waits behind a queue of refreshes."""
+    """Ready when this gateway can take requests: Redis answers, its background tasks live,
+    and some model is known. A model with no live worker does not make it unready: it may
+    have scaled to zero, and its requests wake a worker (scale from zero); each model's own
+    readiness is in the body, and at `/readyz/{model}`. The catalog is read as it stands,
+    refreshed (single flight) only when older than `READY_FRESH_S`, so a burst of probes
+    costs Redis one read and a probe never waits behind a queue of refreshes."""
     services: Services = request.app.state.services
     catalog = services.catalog
     await catalog.refresh_soon(READY_FRESH_S)
     workers = {name: e.live_workers for name, e in catalog.models.items()}
-    ready = services.alive and catalog.redis_ok and bool(workers) and all(workers.values())
+    ready = services.alive and catalog.redis_ok and bool(workers)
     body = {
         "ready": ready,
         "redis": catalog.redis_ok,
         "reply_reader": services.alive,
-        "models": {n: {"live_workers": w} for n, w in workers.items()},
+        "models": {n: {"live_workers": w, "ready": w > 0} for n, w in workers.items()},
     }
+    return Response(orjson.dumps(body), 200 if ready else 503, media_type="application/json")
+
+
+async def model_readyz(request: Request) -> Response:
+    """One model's readiness: 200 while a live worker serves it (404 for a model never
+    registered); what a load balancer per model, or a script waiting for workers, asks."""
+    services: Services = request.app.state.services
+    catalog = services.catalog
+    await catalog.refresh_soon(READY_FRESH_S)
+    name = request.path_params["model_id"]
+    entry = catalog.models.get(name)
+    if entry is None:
+        return error_response(ModelNotFound(f"model {name!r} is not known here"), None)
+    ready = services.alive and catalog.redis_ok and entry.live_workers > 0
+    body = {"model": name, "ready": ready, "live_workers": entry.live_workers}
     return Response(orjson.dumps(body), 200 if ready else 503, media_type="application/json")
 
 
@@ -114,4 +132,5 @@ def install(app: FastAPI) -> None:
     app.add_api_route("/v1/models/{model_id:path}", model, methods=["GET"])
     app.add_api_route("/healthz", healthz, methods=["GET"])
     app.add_api_route("/readyz", readyz, methods=["GET"])
+    app.add_api_route("/readyz/{model_id:path}", model_readyz, methods=["GET"])
     app.add_api_route("/metrics", prometheus, methods=["GET"])

@@ -233,3 +233,27 @@ def test_a_per_model_mean_with_a_default_answers_it_for_an_unseen_model() -> Non
     from gateway.admission import PerModelMean
 
     assert PerModelMean(default=1.0).of("never-seen") == 1.0
+
+
+def test_no_worker_and_no_measured_start_is_refused_at_once() -> None:
+    decision = admit(QueueState(depth=0, live_workers=0), 1, 100, timeout_ms=60_000)
+    assert isinstance(decision, Rejected) and decision.code == "no_workers"
+    assert decision.retry_after_s == 1.0
+
+
+def test_no_worker_but_time_for_one_to_start_is_queued_durably() -> None:
+    """Scale from zero: a worker takes 5 s to start; a 10 s deadline leaves 8 s for the
+    queue (QUEUE_SHARE_OF_DEADLINE), so the request waits for it; 6 s leaves 4.8 s: refused
+    at once, told to come back when a worker could be up."""
+    cold = QueueState(depth=0, live_workers=0, cold_start_ms=5000)
+    assert isinstance(admit(cold, 1, 100, timeout_ms=10_000), Admitted)
+    refused = admit(cold, 1, 100, timeout_ms=6000)
+    assert isinstance(refused, Rejected) and refused.code == "no_workers"
+    assert refused.retry_after_s == 5.0 and "5000 ms to start" in refused.message
+    assert isinstance(admit(cold, 1, 100, timeout_ms=None), Rejected)
+
+
+def test_a_model_waiting_for_its_first_worker_still_bounds_its_queue() -> None:
+    full = QueueState(depth=100, live_workers=0, cold_start_ms=1000)
+    decision = admit(full, 1, 100, timeout_ms=60_000)
+    assert isinstance(decision, Rejected) and decision.reason == "queue_full"

@@ -29,7 +29,7 @@ SCHEMAS = ROOT / "tests" / "k8s_schemas"
 KUBECTL = next(
     (k for k in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")) if k), None
 )
-OVERLAYS = ("cpu", "gpu", "managed-redis")
+OVERLAYS = ("cpu", "gpu", "managed-redis", "scale-from-zero")
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 # the oldest Kubernetes we support and the newest kubernetes-validate ships
 KUBE_VERSIONS = ("1.28", kubernetes_validate.latest_version())
@@ -237,8 +237,9 @@ def test_keda_scales_each_model_on_the_lag_of_every_bucket_stream(overlay: str) 
             assert "pendingEntriesCount" not in trigger  # blind to unread entries (KEDA #2819)
             assert "address" in trigger or trigger["addressFromEnv"] in env
             assert trigger.get("passwordFromEnv", "REDIS_PASSWORD") in env
-        # no scale to zero: the gateway answers 503 no_workers for a model without one
-        assert spec["minReplicaCount"] >= 1 and spec["maxReplicaCount"] > spec["minReplicaCount"]
+        # zero only where the overlay says so (the gateway then queues what can wait)
+        assert spec["minReplicaCount"] >= (0 if overlay == "scale-from-zero" else 1)
+        assert spec["maxReplicaCount"] > spec["minReplicaCount"]
         assert {"pollingInterval", "cooldownPeriod"} <= set(spec)
 
 
@@ -750,3 +751,20 @@ def test_network_policy_admits_the_admin_port_only_from_inside_the_cluster(targe
         for peer in rule["from"]:
             assert "ipBlock" not in peer, peer
             assert {"namespaceSelector", "podSelector"} & set(peer), peer
+
+
+def test_the_scale_from_zero_overlay_lets_keda_remove_the_last_worker_and_wake_one() -> None:
+    """Zero replicas when idle; any unread entry wakes one; the gateway queues meanwhile
+    what can wait for a cold start, with a default until a worker has measured its own."""
+    objects = render("overlays/scale-from-zero")
+    (scaled,) = of_kind(objects, "ScaledObject")
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert {t["metadata"]["activationLagCount"] for t in scaled["spec"]["triggers"]} == {"0"}
+    settings = next(
+        o
+        for o in of_kind(objects, "ConfigMap")
+        if o["metadata"]["name"].startswith("microbatch-settings")
+    )
+    assert int(settings["data"]["MICROBATCH_COLD_START_MS"]) > 0
+    (plain,) = of_kind(render("overlays/cpu"), "ScaledObject")
+    assert plain["spec"]["minReplicaCount"] == 1  # the other overlays keep a warm worker
