@@ -91,6 +91,8 @@ class InProcess:
             self._run(stop_workers(), 90)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
+        if not self._thread.is_alive():
+            self.loop.close()  # its self-pipe sockets, which a later gc.collect would warn about
 
 
 def _status(url: str) -> int | None:
