@@ -8,7 +8,8 @@ deployed), loaded from this machine. One workload of short texts (8-48 tokens, f
 is both the online requests (one text each) and the batch's lines. Measured, in this order:
 
 - offline limit: the batch's lines through the worker's own runner, sorted and batched as
-  `benchmarks/embeddings.py`'s offline-limit arm does: what the hardware allows;
+  `benchmarks/embeddings.py`'s offline-limit arm does: what the hardware allows; and one
+  text's forward alone, the smallest slice of work a background row can be;
 - online alone: one client (wrk-free: one keep-alive connection) for p50, then 32 clients
   (wrk) for throughput;
 - batch alone: `--lines` lines through files.create / batches.create, timed from creation to
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -137,11 +139,25 @@ def online_beside_batch(server, workload, script: Path, texts, duration_s: int) 
 
 
 def offline_limit(workload) -> dict:
+    """The hardware's rate for these texts, and one text's own forward (median of 200, on
+    every core): the least a background forward holds the model for, which an online
+    request arriving meanwhile may wait out."""
     loaded = offline.load_runner()
     plan = offline.limit_plan(workload.tokens, 1.3, 16, 2048)
     run = offline.run_plan(loaded, workload, plan, offline.worker_parallelism())
+    sample = make_sample(workload, 200)
+    single = offline.run_plan(loaded, sample, offline.single_plan(sample.tokens))
     loaded.compute.shutdown()
-    return {"texts_per_s": run.figures["texts_per_s"]}
+    return {
+        "texts_per_s": run.figures["texts_per_s"],
+        "one_text_forward_ms": statistics.median(single.batch_seconds) * 1000,
+    }
+
+
+def make_sample(workload, n: int):
+    from benchmarks.embed_workload import Workload
+
+    return Workload(workload.mix, workload.texts[:n], workload.token_ids[:n])
 
 
 def judge(limit: dict, alone: dict, batch: dict, beside: dict) -> dict:
