@@ -30,6 +30,7 @@ import argparse
 import io
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +45,7 @@ from benchmarks import embed_offline as offline  # noqa: E402
 from benchmarks.embed_load import closed_loop, one_client, wrk_script  # noqa: E402
 from benchmarks.embed_servers import microbatch_redis  # noqa: E402
 from benchmarks.embed_workload import MODEL_NAME, load_tokenizer, make_workload  # noqa: E402
-from benchmarks.fleet import host_cpu  # noqa: E402
+from benchmarks.fleet import cpu_busy_share, cpu_seconds, host_cpu, proc_stat  # noqa: E402
 
 GOALS = {"p50": 1.2, "throughput": 0.9, "idle_use": 0.8, "of_offline": 0.9}
 
@@ -87,17 +88,33 @@ def wait_answering(client, batch_id: str, at_least: int = 50) -> None:
         time.sleep(0.1)
 
 
+def role_pids(role: str) -> list[int]:
+    """The processes of one microbatch role this benchmark started (`common.cli <role>`)."""
+    found = subprocess.run(["pgrep", "-f", f"common.cli {role}"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
 def batch_alone(client, texts: list[str]) -> dict:
+    """Lines/s from creation to `completed`, and where the two cores went meanwhile: CPU
+    ms per line of the gateway (which runs every line through its routes) and of the
+    worker, and how busy the machine was."""
+    gateway, worker = role_pids("gateway"), role_pids("worker")
+    cpu0 = (cpu_seconds(gateway), cpu_seconds(worker), proc_stat())
     started = time.perf_counter()
     batch_id = start_batch(client, texts)
     while (state := answered(client, batch_id))[1] not in ("completed", "failed", "cancelled"):
         time.sleep(0.1)
     elapsed = time.perf_counter() - started
+    lines = state[0]
+    gateway_s, worker_s = cpu_seconds(gateway) - cpu0[0], cpu_seconds(worker) - cpu0[1]
     return {
-        "lines": state[0],
+        "lines": lines,
         "status": state[1],
         "seconds": elapsed,
-        "lines_per_s": state[0] / elapsed,
+        "lines_per_s": lines / elapsed,
+        "gateway_cpu_ms_per_line": gateway_s / lines * 1000,
+        "worker_cpu_ms_per_line": worker_s / lines * 1000,
+        "machine_busy_share": cpu_busy_share(cpu0[2], proc_stat()),
     }
 
 
@@ -197,6 +214,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=None)
     parser.add_argument("--duration", type=int, default=None, help="seconds per online load")
     parser.add_argument("--out", type=Path, default=ROOT / "docs/data/batch-lane.json")
+    parser.add_argument(
+        "--batch-queue-depth", type=int, default=None, help="the gateway's batch_queue_depth"
+    )
     args = parser.parse_args()
     lines = args.lines or (8000 if args.quick else 20_000)
     duration = args.duration or (8 if args.quick else 20)
@@ -209,7 +229,11 @@ def main() -> None:
     print("offline limit", result["offline_limit"], flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         script = wrk_script(workload, Path(tmp))
-        with microbatch_redis("redis", Path(tmp)) as server:
+        settings = {}
+        if args.batch_queue_depth is not None:
+            settings["batch_queue_depth"] = args.batch_queue_depth
+            result["batch_queue_depth"] = args.batch_queue_depth
+        with microbatch_redis("redis", Path(tmp), **settings) as server:
             client = client_for(server.url)
             online(server, workload, script, 3)  # warm-up: untimed
             result["online_alone"] = online(server, workload, script, duration)

@@ -5,6 +5,7 @@ gets online (embeddings within 1e-5, greedy chat token for token)."""
 from __future__ import annotations
 
 import io
+import os
 import signal
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from openai import OpenAI
 
 from tests.conftest import Processes, RedisServer, wait_ready, wait_until, wait_workers
 
-LINES = 5000
+# 1,500 lines in the suite (a third of its slowest test's time); the issue's figure is the
+# same test at 5,000: CHAOS_LINES=5000 pytest tests/integration/test_batch_chaos.py
+LINES = int(os.environ.get("CHAOS_LINES", "1500"))
 CHATS = 40
 PREFIX = "mbchaos"
 
@@ -36,7 +39,7 @@ def outputs(client: OpenAI, batch_id: str) -> dict[str, dict]:
     return by_id
 
 
-# 5,000 lines on real models through two kills and a restart: longer than one scenario
+# thousands of lines on real models through two kills and a restart: longer than one scenario
 @pytest.mark.timeout(240)
 def test_a_batch_survives_a_killed_worker_and_a_killed_gateway(
     processes: Processes, redis_server: RedisServer, tiny_model: Path

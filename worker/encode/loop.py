@@ -215,15 +215,15 @@ class EmbedLoop:
         it the moment the running one ends, instead of idling through the loop's turn after
         it (the replies, the acks, the next decision), which the loop now spends while the
         next batch computes. One waits at most; a batch that could still grow waits for the
-        stream as before, and so does one of background rows: an online row read meanwhile
-        goes first. 0.0 when one was queued, else None (ask again on a change)."""
+        stream as before, and so does one of background rows while online traffic is live.
+        0.0 when one was queued, else None (ask again on a change)."""
         if self._parallel.streams != 1 or len(self._computing) != 1:
             return None
         decision = self._decide(limits)
         if not isinstance(decision, Batch) or decision.trigger not in FULL_TRIGGERS:
             return None
-        if decision.background:
-            return None
+        if decision.background and self._load().online_live:
+            return None  # an online row read meanwhile goes first
         self._start_batch(decision, self._parallel.threads_per_stream, 0, behind=True)
         return 0.0
 
