@@ -16,10 +16,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from common.errors import Conflict, MicrobatchError, ObjectNotFound
+from common.errors import Conflict, ObjectNotFound
 from gateway.batch_records import TERMINAL, batch_object, new_batch_id
-from gateway.request import error_response, validation_error
-from gateway.routes.files import _int, after_cursor, caller, owned_file
+from gateway.request import validation_error
+from gateway.routes.files import owned_file
+from gateway.routes.objects import (
+    after_cursor,
+    answers_errors,
+    caller,
+    json_response,
+    page,
+    query_int,
+)
 from gateway.services import Services
 
 ROUTE = "/v1/batches"
@@ -38,10 +46,6 @@ class CreateBatch(BaseModel):
     ) = Field(default=None, max_length=16)
 
 
-def _json(body: dict) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
 async def _owned(services: Services, owner: str, batch_id: str) -> dict[str, str]:
     record = await services.batch_records.get(batch_id)
     if record is None or record["owner"] != owner:
@@ -49,77 +53,65 @@ async def _owned(services: Services, owner: str, batch_id: str) -> dict[str, str
     return record
 
 
+@answers_errors
 async def create(request: Request) -> Response:
+    services, owner = caller(request)
     try:
-        services, owner = caller(request)
-        try:
-            body = CreateBatch.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise validation_error(exc) from None
-        await owned_file(services, owner, body.input_file_id)
-        now = int(time.time())
-        record = {
-            "id": new_batch_id(),
-            "owner": owner,
-            "endpoint": body.endpoint,
-            "input_file_id": body.input_file_id,
-            "completion_window": body.completion_window,
-            "status": "validating",
-            "created_at": str(now),
-            "expires_at": str(now + WINDOW_S[body.completion_window]),
-            "metadata": orjson.dumps(body.metadata).decode() if body.metadata else "",
-            "total": "0",
-            "completed": "0",
-            "failed": "0",
-        }
-        await services.batch_records.create(record)
-        services.batches_changed.set()
-    except MicrobatchError as exc:
-        return error_response(exc, None)
-    return _json(batch_object(record))
+        body = CreateBatch.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    await owned_file(services, owner, body.input_file_id)
+    now = int(time.time())
+    record = {
+        "id": new_batch_id(),
+        "owner": owner,
+        "endpoint": body.endpoint,
+        "input_file_id": body.input_file_id,
+        "completion_window": body.completion_window,
+        "status": "validating",
+        "created_at": str(now),
+        "expires_at": str(now + WINDOW_S[body.completion_window]),
+        "metadata": orjson.dumps(body.metadata).decode() if body.metadata else "",
+        "total": "0",
+        "completed": "0",
+        "failed": "0",
+    }
+    await services.batch_records.create(record)
+    services.batches_changed.set()
+    return json_response(batch_object(record))
 
 
+@answers_errors
 async def retrieve(request: Request) -> Response:
-    try:
-        services, owner = caller(request)
-        record = await _owned(services, owner, request.path_params["batch_id"])
-    except MicrobatchError as exc:
-        return error_response(exc, None)
-    return _json(batch_object(record))
+    services, owner = caller(request)
+    record = await _owned(services, owner, request.path_params["batch_id"])
+    return json_response(batch_object(record))
 
 
+@answers_errors
 async def listing(request: Request) -> Response:
     """Newest first, as OpenAI lists them, `limit` (1..100, 20) past the `after` cursor."""
-    try:
-        services, owner = caller(request)
-        limit = _int(request.query_params.get("limit"), 20, 100, "limit")
-        ids = list(reversed(await services.batch_records.owned(owner)))
-        page, more = after_cursor(ids, request.query_params.get("after"), limit)
-        records = [await services.batch_records.get(batch_id) for batch_id in page]
-    except MicrobatchError as exc:
-        return error_response(exc, None)
-    data = [batch_object(r) for r in records if r is not None]
-    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
-    return _json(
-        {"object": "list", "data": data, "first_id": first, "last_id": last, "has_more": more}
-    )
+    services, owner = caller(request)
+    limit = query_int(request.query_params.get("limit"), 20, 100, "limit")
+    ids = list(reversed(await services.batch_records.owned(owner)))
+    chosen, more = after_cursor(ids, request.query_params.get("after"), limit)
+    records = [await services.batch_records.get(batch_id) for batch_id in chosen]
+    return page([batch_object(r) for r in records if r is not None], more)
 
 
+@answers_errors
 async def cancel(request: Request) -> Response:
     """`cancelling` at once; its driver stops feeding, hangs up on the lines in flight and
     writes `cancelled` within a second or two. A finished batch cannot be cancelled (409)."""
-    try:
-        services, owner = caller(request)
-        batch_id = request.path_params["batch_id"]
-        record = await _owned(services, owner, batch_id)
-        if record["status"] in TERMINAL or record["status"] == "finalizing":
-            raise Conflict(f"batch {batch_id!r} is {record['status']}: it cannot be cancelled")
-        if not record.get("cancelling_at"):
-            record["cancelling_at"] = str(int(time.time()))
-            await services.batch_records.update(batch_id, cancelling_at=record["cancelling_at"])
-    except MicrobatchError as exc:
-        return error_response(exc, None)
-    return _json(batch_object(record))
+    services, owner = caller(request)
+    batch_id = request.path_params["batch_id"]
+    record = await _owned(services, owner, batch_id)
+    if record["status"] in TERMINAL or record["status"] == "finalizing":
+        raise Conflict(f"batch {batch_id!r} is {record['status']}: it cannot be cancelled")
+    if not record.get("cancelling_at"):
+        record["cancelling_at"] = str(int(time.time()))
+        await services.batch_records.update(batch_id, cancelling_at=record["cancelling_at"])
+    return json_response(batch_object(record))
 
 
 def install(app: FastAPI) -> None:

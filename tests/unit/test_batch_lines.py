@@ -9,7 +9,7 @@ from common.errors import InvalidRequest
 from gateway.batch_lines import Line, assemble, read_lines, result_line, unfinished_line
 from gateway.batch_records import batch_object
 from gateway.batch_run import Window
-from gateway.routes.files import after_cursor
+from gateway.routes.objects import after_cursor
 
 EMBED = "/v1/embeddings"
 
