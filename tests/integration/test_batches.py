@@ -111,6 +111,20 @@ def results(client: OpenAI, file_id: str | None) -> dict[str, dict]:
     return by_id
 
 
+def answering(client: OpenAI, lines: list[dict]):
+    """An embeddings batch of `lines`, once some of them are answered."""
+    batch = client.batches.create(
+        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
+    )
+    wait_until(
+        lambda: client.batches.retrieve(batch.id).request_counts.completed,
+        60,
+        f"lines of {batch.id} answered",
+        interval_s=0.05,
+    )
+    return batch
+
+
 def test_an_embeddings_batch_answers_every_line_as_the_same_request_online(fleet) -> None:
     _, url, _ = fleet
     client = client_of(url)
@@ -230,15 +244,7 @@ def test_cancel_stops_the_feed_and_accounts_for_every_line(fleet) -> None:
     _, url, _ = fleet
     client = client_of(url)
     lines = embedding_lines(3000, "cancel")
-    batch = client.batches.create(
-        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
-    )
-    wait_until(
-        lambda: client.batches.retrieve(batch.id).request_counts.completed,
-        60,
-        "some lines answered",
-        interval_s=0.05,
-    )
+    batch = answering(client, lines)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling"
     started = time.monotonic()
@@ -338,15 +344,7 @@ def test_operators_see_the_fleets_batches_and_the_background_lane(
     _, url, _ = fleet
     client = client_of(url)
     lines = embedding_lines(3000, "watched")
-    batch = client.batches.create(
-        input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
-    )
-    wait_until(
-        lambda: client.batches.retrieve(batch.id).request_counts.completed,
-        60,
-        "lines answered",
-        interval_s=0.05,
-    )
+    batch = answering(client, lines)
     shown = CliRunner().invoke(
         app, ["batches", "--redis-url", redis_server.url, "--prefix", PREFIX, "--json"]
     )
