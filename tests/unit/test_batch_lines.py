@@ -32,37 +32,90 @@ def test_good_lines_are_read_in_order_with_their_bodies_and_blank_lines_skipped(
 
 
 @pytest.mark.parametrize(
-    ("raw", "code"),
+    ("raw", "code", "says", "param"),
     [
-        (b"{nope", "invalid_json_line"),
-        (b"[1, 2]", "invalid_json_line"),
-        (line(0, custom_id=""), "invalid_custom_id"),
-        (line(0, custom_id=7), "invalid_custom_id"),
-        (line(0, custom_id="x" * 513), "invalid_custom_id"),
-        (line(0, method="GET"), "invalid_method"),
-        (line(0, url="/v1/completions"), "mismatched_endpoint"),
-        (line(0, body="text"), "invalid_body"),
-        (line(0, body={"input": "x", "stream": True}), "invalid_body"),
-        (line(0, body={"input": "x", "model": 3}), "invalid_model"),
-        (line(0, body={"input": "x", "model": "other"}), "invalid_model"),
+        (b"{nope", "invalid_json_line", "line is not JSON: ", None),
+        (b"[1, 2]", "invalid_json_line", "line is not a JSON object", None),
+        (
+            line(0, custom_id=""),
+            "invalid_custom_id",
+            "custom_id must be a string of 1..512",
+            "custom_id",
+        ),
+        (line(0, custom_id=7), "invalid_custom_id", "custom_id must be", "custom_id"),
+        (line(0, custom_id="x" * 513), "invalid_custom_id", "custom_id must be", "custom_id"),
+        (line(0, method="GET"), "invalid_method", "method must be POST", "method"),
+        (
+            line(0, url="/v1/completions"),
+            "mismatched_endpoint",
+            "'/v1/completions' is not the batch's endpoint '/v1/embeddings'",
+            "url",
+        ),
+        (line(0, body="text"), "invalid_body", "body must be a JSON object", "body"),
+        (
+            line(0, body={"input": "x", "stream": True}),
+            "invalid_body",
+            "cannot stream",
+            "body.stream",
+        ),
+        (
+            line(0, body={"input": "x", "model": 3}),
+            "invalid_model",
+            "model must be a string",
+            "body.model",
+        ),
+        (
+            line(0, body={"input": "x", "model": "other"}),
+            "invalid_model",
+            "model 'other' is not served here",
+            "body.model",
+        ),
     ],
 )
-def test_each_bad_line_is_a_problem_naming_its_code_and_line(raw: bytes, code: str) -> None:
+def test_each_bad_line_is_a_problem_naming_its_code_line_and_why(
+    raw: bytes, code: str, says: str, param: str | None
+) -> None:
     lines, problems = read_lines(line(9) + b"\n" + raw, EMBED, 10, known)
     assert [(p.code, p.line) for p in problems] == [(code, 2)]
+    assert problems[0].object() == {
+        "code": code,
+        "message": problems[0].message,
+        "param": param,
+        "line": 2,
+    }
+    assert says in problems[0].message
     assert [x.custom_id for x in lines] == ["c9"]
+
+
+def test_custom_ids_of_one_and_of_512_characters_are_taken() -> None:
+    data = line(0, custom_id="a") + b"\n" + line(1, custom_id="b" * 512)
+    lines, problems = read_lines(data, EMBED, 10, known)
+    assert problems == [] and [len(x.custom_id) for x in lines] == [1, 512]
+
+
+def test_bad_lines_count_toward_the_line_limit_too() -> None:
+    data = b"\n".join([b"{bad", b"{bad", line(0), line(1)])
+    _, problems = read_lines(data, EMBED, 3, known)
+    assert [p.code for p in problems] == [
+        "invalid_json_line",
+        "invalid_json_line",
+        "too_many_lines",
+    ]
+    assert problems[-1].message == "a batch holds at most 3 lines"
 
 
 def test_a_custom_id_used_twice_is_a_problem_at_its_second_use() -> None:
     _, problems = read_lines(line(0) + b"\n" + line(1) + b"\n" + line(0), EMBED, 10, known)
     assert [(p.code, p.line) for p in problems] == [("duplicate_custom_id", 3)]
+    assert problems[0].message == "custom_id 'c0' is used twice"
 
 
 def test_a_file_longer_than_the_limit_and_an_empty_file_are_problems() -> None:
     data = b"\n".join(line(i) for i in range(4))
     _, problems = read_lines(data, EMBED, 3, known)
     assert [p.code for p in problems] == ["too_many_lines"]
-    assert [p.code for p in read_lines(b"\n \n", EMBED, 3, known)[1]] == ["empty_file"]
+    (empty,) = read_lines(b"\n \n", EMBED, 3, known)[1]
+    assert (empty.code, empty.message) == ("empty_file", "the input file holds no requests")
 
 
 def test_problems_are_listed_up_to_a_hundred() -> None:

@@ -371,7 +371,8 @@ def test_background_rows_never_anchor_while_an_online_row_waits() -> None:
 
 
 def test_a_bucket_of_online_rows_goes_before_an_older_background_bucket() -> None:
-    limits = Limits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=0.0, starvation_s=0.1)
+    # starvation far off: the online row wins by its lane, not by having starved
+    limits = Limits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=0.0, starvation_s=10)
     queues = {128: [bg(1, 10, at=0.0)], 256: [waiting(2, 200, at=5.0)]}
     assert next_batch(queues, 9.0, limits).bucket == 256  # type: ignore[union-attr]
 
@@ -451,3 +452,60 @@ def test_background_alone_runs_in_slices_while_online_traffic_is_live() -> None:
     assert isinstance(decision, Batch) and len(decision.keys) == 5
     before_a_model = next_batch({128: queue}, 1.0, limits, Load(online_idle_s=0.2))
     assert isinstance(before_a_model, Batch) and len(before_a_model.keys) == 4
+
+
+def test_filling_takes_the_longest_row_that_adds_no_padding_first() -> None:
+    limits = Limits(max_batch_size=2, max_batch_tokens=4096, max_wait_s=0.0, starvation_s=10)
+    queue = [waiting(0, 20, at=1.0), bg(1, 10), bg(2, 20), bg(3, 21)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and set(decision.keys) == {0, 2}
+
+
+def test_a_background_row_too_short_to_join_does_not_stop_a_longer_one_joining() -> None:
+    """Padding at most a fifth: a 5-token row would pad a 20-token batch by over a third, a
+    21-token one pads it by one token, so the 21 joins though the 5 was tried first."""
+    limits = Limits(max_batch_size=4, max_batch_tokens=4096, max_wait_s=0.0, max_padding_ratio=0.2)
+    queue = [waiting(0, 20, at=1.0), bg(1, 5), bg(2, 21)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and set(decision.keys) == {0, 2}
+
+
+def test_a_background_row_may_fill_an_online_batch_to_its_padded_budget_exactly() -> None:
+    limits = Limits(max_batch_size=4, max_batch_tokens=40, max_wait_s=0.0)
+    queue = [waiting(0, 20, at=1.0), bg(1, 20), bg(2, 20)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and 0 in decision.keys and len(decision.keys) == 2
+
+
+def test_the_fill_bound_is_a_fifth_over_the_whole_online_batch() -> None:
+    """Two online rows of 20 cost 14 ms (10 ms + 0.1 ms a token): up to 16.8 ms with
+    background rows, so one more row of 20 (16 ms) joins and a second (18 ms) does not."""
+    limits = Limits(max_batch_size=8, max_batch_tokens=8192, max_wait_s=0.0, starvation_s=10)
+    queue = [waiting(0, 20, at=1.0), waiting(1, 20, at=1.0), *(bg(i, 20) for i in (2, 3, 4))]
+    decision = next_batch({128: queue}, 1.0, limits, Load(Cost(0.010, 0.0001)))
+    assert isinstance(decision, Batch) and len(decision.keys) == 3
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_online_and_background_batches_grow_by_the_cost_model_when_there_is_one(
+    background: bool,
+) -> None:
+    """Rows of 2, 2 and 100 tokens pad past half (the rule before a cost model), but under a
+    cost that is nearly all fixed overhead the long row is still worth taking along."""
+    limits = Limits(max_batch_size=8, max_batch_tokens=8192, max_wait_s=0.0, starvation_s=10)
+    make = bg if background else (lambda key, n, at=0.0: waiting(key, n, at))
+    queue = [make(0, 2, at=0.5), make(1, 2, at=0.6), make(2, 100, at=0.7)]
+    if not background:
+        queue.append(bg(3, 200))  # a background row beside them: the online path
+    load = Load(Cost(0.100, 1e-6), online_idle_s=5.0)
+    decision = next_batch({128: queue}, 1.0, limits, load)
+    assert isinstance(decision, Batch) and {0, 1, 2} <= set(decision.keys)
+    without = next_batch({128: queue}, 1.0, limits, Load(online_idle_s=5.0))
+    assert isinstance(without, Batch) and 2 not in without.keys
+
+
+def test_a_slice_before_a_cost_model_is_a_quarter_of_the_batch_size_and_one_row_at_least() -> None:
+    limits = Limits(max_batch_size=3, max_batch_tokens=8192, max_wait_s=0.0)
+    queue = [bg(i, 20) for i in range(3)]
+    decision = next_batch({128: queue}, 1.0, limits, Load(online_idle_s=0.1))
+    assert isinstance(decision, Batch) and len(decision.keys) == 1
