@@ -29,7 +29,7 @@ from gateway.batch_run import BatchRun, RunLimits
 from gateway.hot_path import GatewayApp
 from gateway.idempotency import Idempotency
 from gateway.local_call import post_local
-from gateway.request import default_name, error_response, validation_error
+from gateway.request import default_name, error_response, timeout_ms_of, validation_error
 from gateway.routes import (
     batches,
     chat,
@@ -168,10 +168,15 @@ def _batch_feeder(services: Services, app: GatewayApp) -> BatchFeeder:
 def _timeout_ms(scope: dict[str, Any], settings: Settings) -> int:
     """How long a retry waits for the attempt it attached to: the request's own deadline
     (a malformed one is the route's to refuse; the default stands in for it here)."""
-    for name, value in scope["headers"]:
-        if name == b"x-microbatch-timeout-ms" and value.isdigit():
-            return min(int(value), settings.max_request_timeout_ms)
-    return settings.request_timeout_ms
+    raw = next((v for k, v in scope["headers"] if k == b"x-microbatch-timeout-ms"), None)
+    try:
+        return timeout_ms_of(
+            None if raw is None else raw.decode("latin-1"),
+            settings.request_timeout_ms,
+            settings.max_request_timeout_ms,
+        )
+    except MicrobatchError:
+        return settings.request_timeout_ms
 
 
 def _background(services: Services, feeder: BatchFeeder) -> list[asyncio.Task[Any]]:

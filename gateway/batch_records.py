@@ -91,10 +91,15 @@ class BatchRecords:
     def __init__(self, store: Store, keys: Keys) -> None:
         self._store, self._keys = store, keys
 
-    async def create(self, record: Mapping[str, str]) -> None:
-        batch_id, owner = record["id"], record["owner"]
+    async def create(self, record: Mapping[str, str], kept_s: int) -> None:
+        """Store a new batch. A batch is gone at most `kept_s` after its creation (its
+        window, then its finished record's TTL), so the owner's index drops older ids here:
+        it never grows without bound."""
+        batch_id, owner, created = record["id"], record["owner"], int(record["created_at"])
         await self._store.hset(self._keys.batch(batch_id), mapping=dict(record))
-        await self._store.zadd(self._keys.batches(owner), {batch_id: int(record["created_at"])})
+        index = self._keys.batches(owner)
+        await self._store.zadd(index, {batch_id: created})
+        await self._store.zremrangebyscore(index, "-inf", f"({created - kept_s}")
         await self._store.sadd(self._keys.active_batches, batch_id)
 
     async def get(self, batch_id: str) -> dict[str, str] | None:

@@ -87,6 +87,8 @@ class RedisFiles:
         record = orjson.dumps({**asdict(meta), "chunks": len(chunks)})
         await self._store.set(self._keys.file(meta.id), record, ex=ttl)
         await self._store.zadd(self._keys.files(meta.owner), {meta.id: meta.created_at})
+        if meta.expires_at is not None:
+            await self.list(meta.owner)  # a batch's output: drop expired ids from the index
 
     async def _record(self, file_id: str) -> dict[str, Any] | None:
         raw = await self._store.get(self._keys.file(file_id))
@@ -122,9 +124,17 @@ class RedisFiles:
         return True
 
     async def list(self, owner: str) -> list[FileMeta]:
-        ids = await self._store.zrange(self._keys.files(owner), 0, -1)
-        found = [await self.meta(i.decode() if isinstance(i, bytes) else i) for i in ids]
-        return [meta for meta in found if meta is not None]
+        """The owner's files; ids whose file expired leave the index as they are seen."""
+        index = self._keys.files(owner)
+        ids = [
+            i.decode() if isinstance(i, bytes) else i
+            for i in await self._store.zrange(index, 0, -1)
+        ]
+        found = [(file_id, await self.meta(file_id)) for file_id in ids]
+        gone = [file_id for file_id, meta in found if meta is None]
+        if gone:
+            await self._store.zrem(index, *gone)
+        return [meta for _, meta in found if meta is not None]
 
 
 class DiskFiles:

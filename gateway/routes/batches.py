@@ -76,7 +76,8 @@ async def create(request: Request) -> Response:
         "completed": "0",
         "failed": "0",
     }
-    await services.batch_records.create(record)
+    kept_s = WINDOW_S[body.completion_window] + services.settings.batch_output_ttl_s
+    await services.batch_records.create(record, kept_s)
     services.batches_changed.set()
     return json_response(batch_object(record))
 

@@ -37,6 +37,9 @@ async def owned_file(services: Services, owner: str, file_id: str) -> FileMeta:
 async def create(request: Request) -> Response:
     services, owner = caller(request)
     async with request.form(max_files=1, max_fields=4) as form:
+        unknown = sorted(set(form.keys()) - {"file", "purpose"})
+        if unknown:  # e.g. `expires_after`: refused, not ignored (a file is kept until deleted)
+            raise InvalidRequest(f"{unknown[0]} is not supported here", param=unknown[0])
         upload, purpose = form.get("file"), form.get("purpose")
         if purpose != "batch":
             raise InvalidRequest(

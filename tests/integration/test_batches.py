@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from common.cli import app
 from common.settings import Settings
+from gateway.auth import owner_of
 from tests.conftest import RedisServer, free_port, wait_until
 from tests.integration.in_process import InProcess
 from tests.integration.test_observability import sample
@@ -368,3 +369,42 @@ def test_operators_see_the_fleets_batches_and_the_background_lane(
     # one process holds the whole fleet here, so its counter is every gateway's
     answered = sample(page(), "microbatch_batch_lines_total", outcome="answered")
     assert answered >= client.batches.retrieve(batch.id).request_counts.completed > 0
+
+
+def test_files_past_the_request_body_limit_are_taken_and_unknown_fields_refused(fleet) -> None:
+    """A file is bounded by max_file_bytes, not by the 4 MiB limit of a request body; a form
+    field this server does not honour (`expires_after`) is a 400, not ignored."""
+    _, url, _ = fleet
+    client = client_of(url)
+    big = b"".join(orjson.dumps(x) + b"\n" for x in embedding_lines(1, "big")) * 60_000
+    assert len(big) > 4 * 1024 * 1024
+    stored = client.files.create(file=("big.jsonl", io.BytesIO(big)), purpose="batch")
+    assert stored.bytes == len(big)
+    assert client.files.content(stored.id).content == big
+    client.files.delete(stored.id)
+    refused = httpx.post(
+        f"{url}/v1/files",
+        headers={"authorization": f"Bearer {KEY}"},
+        files={"file": ("a.jsonl", b"{}")},
+        data={"purpose": "batch", "expires_after[seconds]": "3600"},
+    )
+    assert refused.status_code == 400 and "expires_after" in refused.json()["error"]["message"]
+
+
+def test_expired_batches_and_files_leave_their_owners_indexes(
+    fleet, redis_server: RedisServer
+) -> None:
+    _, url, _ = fleet
+    client = client_of(url)
+    r = redis.Redis.from_url(redis_server.url)
+    index = f"{PREFIX}:batches:{owner_of(KEY)}"
+    r.zadd(index, {"batch_long_gone": 1})  # created in 1970: long expired
+    r.zadd(f"{PREFIX}:files:{owner_of(KEY)}", {"file-longgone": 1})
+    client.batches.create(
+        input_file_id=upload(client, embedding_lines(1, "prune")),
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+    )
+    assert r.zscore(index, "batch_long_gone") is None
+    assert "file-longgone" not in {f.id for f in client.files.list().data}
+    assert r.zscore(f"{PREFIX}:files:{owner_of(KEY)}", "file-longgone") is None

@@ -190,3 +190,13 @@ def test_a_batch_reads_cancelling_until_its_driver_has_finished_it() -> None:
     assert body["request_counts"] == {"total": 5, "completed": 2, "failed": 1}
     assert body["errors"] is None and body["metadata"] is None and body["completed_at"] is None
     assert batch_object({**record, "status": "cancelled"})["status"] == "cancelled"
+
+
+def test_background_is_a_priority_a_client_may_name() -> None:
+    from common.protocol import PRIORITY_BACKGROUND, PRIORITY_BATCH
+    from gateway.request import priority_of
+
+    assert priority_of("background") == PRIORITY_BACKGROUND
+    assert priority_of(None) == priority_of("BATCH") == PRIORITY_BATCH
+    with pytest.raises(InvalidRequest, match="'interactive', 'batch' or 'background'"):
+        priority_of("bulk")
