@@ -18,6 +18,7 @@ from prometheus_client import REGISTRY
 
 from common import streams
 from common.protocol import (
+    PRIORITY_BACKGROUND,
     EmbeddingResult,
     ErrorReply,
     RequestEntry,
@@ -320,6 +321,30 @@ def test_a_batch_that_could_still_grow_is_not_queued_behind_the_running_one(
     replies, _, left = asyncio.run(_burst(redis_url, entries, compute=submits, runner=runner))
     assert runner.queued_behind is False  # the four waited for the stream, free to grow
     assert sorted(len(b) for b in runner.batches) == [4, 16]
+    assert all(isinstance(replies[e.id], EmbeddingResult) for e in entries)
+    assert left == 0
+
+
+@pytest.mark.parametrize("online_first", [True, False])
+def test_a_background_batch_waits_for_the_stream_only_while_online_traffic_is_live(
+    redis_url: str, online_first: bool
+) -> None:
+    """Behind an online batch, background rows go in slices (a quarter of the batch size
+    before a cost model) and none is queued on the compute thread, so an online row read
+    meanwhile goes first; with no online traffic, background batches are whole and queue
+    behind the running one as any full batch does."""
+    submits = _Submits()
+    runner = _HoldsFirstBatch(submits, wait_s=0.5)
+    online = [_entry(i, [1] * 5) for i in range(16)] if online_first else []
+    background = [
+        dataclasses.replace(_entry(i, [1] * 5), priority=PRIORITY_BACKGROUND)
+        for i in range(16, 48 if not online_first else 32)
+    ]
+    entries = online + background
+    replies, _, left = asyncio.run(_burst(redis_url, entries, compute=submits, runner=runner))
+    assert runner.queued_behind is (not online_first)
+    sizes = [len(b) for b in runner.batches]
+    assert sizes == ([16, 4, 4, 4, 4] if online_first else [16, 16])
     assert all(isinstance(replies[e.id], EmbeddingResult) for e in entries)
     assert left == 0
 

@@ -452,6 +452,7 @@ def test_background_alone_runs_in_slices_while_online_traffic_is_live() -> None:
     assert isinstance(decision, Batch) and len(decision.keys) == 5
     before_a_model = next_batch({128: queue}, 1.0, limits, Load(online_idle_s=0.2))
     assert isinstance(before_a_model, Batch) and len(before_a_model.keys) == 4
+    assert (decision.trigger, before_a_model.trigger) == ("tokens", "size")  # full: run now
 
 
 def test_filling_takes_the_longest_row_that_adds_no_padding_first() -> None:

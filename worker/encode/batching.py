@@ -333,7 +333,10 @@ def _members(
     rows alone is a slice while online traffic is live (`_slice`)."""
     cost = load.cost_for(bucket)
     if anchor.priority == PRIORITY_BACKGROUND:
-        return _take(ordered, anchor, _slice(limits, load, cost), cost)
+        sliced = _slice(limits, load, cost)
+        members, stopped = _take(ordered, anchor, sliced, cost)
+        full = sliced is not limits and stopped is None and len(members) == sliced.max_batch_size
+        return members, "size" if full else stopped  # a whole slice is a full batch
     if all(w.priority != PRIORITY_BACKGROUND for w in ordered):
         return _take(ordered, anchor, limits, cost)
     online = [w for w in ordered if w.priority != PRIORITY_BACKGROUND]
