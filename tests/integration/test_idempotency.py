@@ -153,3 +153,24 @@ def test_a_malformed_key_is_a_400(gateway: str) -> None:
         headers=headers("x" * 300),
     )
     assert answer.status_code == 400 and "Idempotency-Key" in answer.json()["error"]["message"]
+
+
+def test_a_retry_still_waiting_at_its_own_deadline_is_a_409(gateway: str) -> None:
+    """The first attempt takes a 300 ms batch; a retry allowed 50 ms gives up with a 409
+    and Retry-After, and the first attempt still gets its answer."""
+    body = {"model": "noop", "input": "slow"}
+
+    async def both() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            first = asyncio.ensure_future(
+                client.post(f"{gateway}/v1/embeddings", json=body, headers=headers("k-409"))
+            )
+            await asyncio.sleep(0.1)
+            impatient = {**headers("k-409"), "x-microbatch-timeout-ms": "50"}
+            retry = await client.post(f"{gateway}/v1/embeddings", json=body, headers=impatient)
+            return [await first, retry]
+
+    first, retry = asyncio.run(both())
+    assert first.status_code == 200
+    assert retry.status_code == 409 and retry.headers["retry-after"] == "1"
+    assert retry.json()["error"]["code"] == "idempotency_key_in_progress"

@@ -51,3 +51,15 @@ def test_a_kept_attempt_comes_back_byte_for_byte() -> None:
     kept = Attempt("fp", False, 200, ((b"content-type", b"application/json"),), b"\x00{}")
     assert Attempt.unpack(kept.pack()) == kept
     assert Attempt.unpack(Attempt("fp", True).pack()).running
+
+
+def test_a_process_knows_its_own_age() -> None:
+    """What a worker records as its cold start: this process started before the test, less
+    than a day ago, and its age grows."""
+    import time
+
+    from common.clock import process_age_s
+
+    first = process_age_s()
+    time.sleep(0.02)
+    assert 0 < first < process_age_s() < 86_400
