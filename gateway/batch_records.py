@@ -99,7 +99,7 @@ class BatchRecords:
         await self._store.hset(self._keys.batch(batch_id), mapping=dict(record))
         index = self._keys.batches(owner)
         await self._store.zadd(index, {batch_id: created})
-        await self._store.zremrangebyscore(index, "-inf", f"({created - kept_s}")
+        await self._store.zremrangebyscore(index, 0, created - kept_s - 1)  # whole seconds
         await self._store.sadd(self._keys.active_batches, batch_id)
 
     async def get(self, batch_id: str) -> dict[str, str] | None:

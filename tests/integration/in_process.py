@@ -26,6 +26,7 @@ class InProcess:
         self._thread.start()
         self._servers: dict[str, tuple[uvicorn.Server, Any]] = {}
         self._workers: list[tuple[asyncio.Event, Any]] = []
+        self._drain_s: dict[str, int] = {}
         self.failures: list[BaseException | None] = []  # what ended a worker early
 
     def _run(self, coro: Any, timeout_s: float = 60) -> Any:
@@ -35,7 +36,13 @@ class InProcess:
         async def start() -> tuple[uvicorn.Server, Any]:
             store = open_store(settings)
             app = create_app(settings, store)
-            config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_config=None)
+            config = uvicorn.Config(
+                app,
+                host="127.0.0.1",
+                port=settings.port,
+                log_config=None,
+                timeout_graceful_shutdown=settings.drain_timeout_s,  # as `microbatch gateway`
+            )
             server = uvicorn.Server(config)
 
             async def serve() -> None:
@@ -48,6 +55,7 @@ class InProcess:
 
         url = f"http://127.0.0.1:{settings.port}"
         self._servers[url] = self._run(start())
+        self._drain_s[url] = settings.drain_timeout_s
         wait_until(
             lambda: _status(f"{url}/healthz"), 30, f"gateway {url} up", until=lambda s: s == 200
         )
@@ -57,10 +65,12 @@ class InProcess:
         server, task = self._servers.pop(url)
         server.should_exit = True
 
-        async def ended() -> None:
-            await asyncio.wait_for(asyncio.shield(task), 30)
+        limit_s = self._drain_s.pop(url) + 30
 
-        self._run(ended())
+        async def ended() -> None:
+            await asyncio.wait_for(asyncio.shield(task), limit_s)
+
+        self._run(ended(), limit_s + 5)
 
     def start_worker(self, settings: Settings) -> None:
         async def start() -> tuple[asyncio.Event, Any]:
