@@ -9,6 +9,7 @@ Checks go by the message's tag; the classes stay in `protocol`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any
 
@@ -16,6 +17,10 @@ import numpy as np
 
 MAX_STOP_SEQUENCES = 4
 MAX_ENTRY_ROWS = 1024  # rows one encoder entry may carry (the gateway's max_entry_rows)
+# W3C Trace Context as the gateway writes it: version 00, lower-case hex; tracestate is a
+# vendor list whose propagation the spec bounds at 512 characters
+TRACEPARENT = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+MAX_TRACESTATE = 512
 
 
 class ProtocolError(ValueError):
@@ -76,11 +81,22 @@ _NAMES = {str: "strings", int: "integers"}
 
 
 def check_consistent(tag: str, message: Any) -> None:
-    if tag in ("req", "genreq") and (not message.tokens or len(message.tokens) % 4):
-        raise ProtocolError(f"{tag}.tokens: {len(message.tokens)} bytes is not a uint32 list")
+    if tag in ("req", "genreq"):
+        if not message.tokens or len(message.tokens) % 4:
+            raise ProtocolError(f"{tag}.tokens: {len(message.tokens)} bytes is not a uint32 list")
+        if message.traceparent or message.tracestate:
+            _check_trace(tag, message.traceparent, message.tracestate)
     check = _CHECKS.get(tag)
     if check is not None:
         check(message)
+
+
+def _check_trace(tag: str, traceparent: str, tracestate: str) -> None:
+    if not TRACEPARENT.fullmatch(traceparent) or len(tracestate) > MAX_TRACESTATE:
+        raise ProtocolError(
+            f"{tag}.traceparent: 00-<32 hex>-<16 hex>-<2 hex> (W3C), with a tracestate of at "
+            f"most {MAX_TRACESTATE} characters, or both empty"
+        )
 
 
 def _check_rows(entry: Any) -> None:

@@ -23,23 +23,20 @@ from common.message_checks import ProtocolError as ProtocolError
 from common.message_checks import VersionMismatch as VersionMismatch
 from common.message_checks import addressed, check_consistent, check_field, field_types
 from common.scores import Scores as Scores
-from common.wire_compat import PREVIOUS, VERSION, downgraded, upgraded
+from common.wire_compat import OLDEST, VERSION, downgraded, readable, upgraded
 
 MAX_MESSAGE_BYTES = 1 << 22  # 4 MiB: a 512-token entry is ~2 KiB; a 4096-d vector 16 KiB
 REPLY_HEADROOM_BYTES = 1 << 16  # a reply's fields besides its vectors (batch ids, names)
 
 
 def rows_that_fit(dim: int) -> int:
-    """Most rows of `dim` float32s whose vectors one reply can carry under the message
-    limit: what a gateway sizes an entry by, so its answer is never too big to read."""
+    """Most rows of `dim` float32s one reply can carry: what a gateway sizes entries by."""
     return max(1, (MAX_MESSAGE_BYTES - REPLY_HEADROOM_BYTES) // (4 * max(1, dim)))
 
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BATCH = 1
-# Below every online request: a Batch API line fills what online traffic leaves idle.
-# A v5 reader takes it for PRIORITY_BATCH (it tests only for interactive).
-PRIORITY_BACKGROUND = 2
+PRIORITY_BACKGROUND = 2  # a Batch API line, below all online traffic (v5 reads it as batch)
 
 
 class ModelKind(StrEnum):
@@ -87,6 +84,8 @@ class RequestEntry(_Tokens):
     priority: int  # PRIORITY_INTERACTIVE, PRIORITY_BATCH or PRIORITY_BACKGROUND
     reply_to: str  # the reply stream of the gateway process that asked
     enqueued_ms: int  # unix epoch ms when the gateway queued it
+    traceparent: str = ""  # W3C trace context of the request that queued it; "" untraced
+    tracestate: str = ""
     v: int = VERSION
 
     def row_lengths(self) -> np.ndarray:
@@ -141,6 +140,8 @@ class GenerateEntry(_Tokens):
     prompt_logprobs: int = -1  # the same for the prompt's tokens (echo); -1: none
     response_format: str = ""  # "", "json_object" or "json_schema"
     json_schema: str = ""  # the schema, as JSON text, when response_format is "json_schema"
+    traceparent: str = ""  # as RequestEntry's
+    tracestate: str = ""
     v: int = VERSION
 
     @property
@@ -291,8 +292,7 @@ _CLASSES: dict[str, type[Message]] = {
 
 
 _SCHEMAS = {tag: field_types(cls) for tag, cls in _CLASSES.items()}
-# per field, the exact types that pass `check_field` at a glance (msgpack makes exact
-# builtins); anything else, and every list or map, takes the full check
+# per field, the exact builtins msgpack makes that pass at a glance; others: `check_field`
 _PLAIN = {
     tag: {
         name: frozenset() if allowed[0] in (list, dict) else frozenset(allowed)
@@ -306,8 +306,7 @@ _FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _CLASS
 
 
 def _default(field: dataclasses.Field[Any]) -> object:
-    factory = field.default_factory
-    return factory() if callable(factory) else field.default
+    return field.default_factory() if callable(field.default_factory) else field.default
 
 
 _DEFAULTS = {  # per tag, the fields that have a default: what an older writer left out
@@ -368,12 +367,12 @@ def _build(body: object) -> Message:
 
 def _checked(tag: str, cls: type[Message], body: dict[str, Any]) -> Message:
     version = body.get("v")
-    if version == PREVIOUS:
-        body = upgraded(tag, body, _DEFAULTS[tag])
-    elif version != VERSION:
+    if not readable(version):
         raise VersionMismatch(
-            f"{tag} of wire version {version!r}; this release reads {PREVIOUS} and {VERSION}"
+            f"{tag} of wire version {version!r}; this release reads {OLDEST} to {VERSION}"
         )
+    if version != VERSION:
+        body = upgraded(tag, body, _DEFAULTS[tag])
     schema, plain = _SCHEMAS[tag], _PLAIN[tag]
     if body.keys() != schema.keys():
         missing, extra = schema.keys() - body.keys(), body.keys() - schema.keys()

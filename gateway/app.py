@@ -16,6 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from opentelemetry.trace import Tracer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from common.errors import MicrobatchError, error_for_http_status
@@ -194,8 +195,9 @@ def _background(services: Services, feeder: BatchFeeder) -> list[asyncio.Task[An
     ]
 
 
-def create_app(settings: Settings, store: Store) -> GatewayApp:
-    services = Services(settings, store)
+def create_app(settings: Settings, store: Store, tracer: Tracer | None = None) -> GatewayApp:
+    """The gateway app; `tracer` traces every API call (None: tracing off)."""
+    services = Services(settings, store, tracer)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common import tracing
 from common.errors import InvalidRequest
 from gateway.catalog import ModelEntry
 from gateway.services import Services
@@ -52,7 +53,8 @@ async def token_lists(
         data = [data]
     check_count(services, len(data), field)
     if isinstance(data[0], str):
-        return await services.tokenize.encode(model.tokenizer, data, truncate, check, direction)
+        with tracing.span(services.tracer, "tokenize", inputs=len(data)):
+            return await services.tokenize.encode(model.tokenizer, data, truncate, check, direction)
     lists = [data] if isinstance(data[0], int) else data
     return model.tokenizer.check_token_lists(lists, truncate, check, direction)
 

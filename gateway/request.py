@@ -11,6 +11,7 @@ timed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -26,7 +27,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.types import Receive
 
-from common import metrics
+from common import metrics, tracing
 from common.errors import (
     InvalidBody,
     InvalidRequest,
@@ -44,6 +45,7 @@ from common.protocol import (
 from gateway.auth import check_api_key, check_interactive
 from gateway.catalog import ModelEntry
 from gateway.local_call import LOCAL
+from gateway.server_span import describe, trace_exemplar, traced
 from gateway.services import Services
 
 log = logging.getLogger("microbatch.gateway")
@@ -62,6 +64,7 @@ class Call:
     priority: int
     session: str | None  # X-Microbatch-Session: pins a conversation to a worker
     disconnected: Callable[[], Awaitable[None]]  # returns once the client has gone
+    trace: tracing.TraceContext = tracing.UNTRACED  # what its entries carry
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +107,33 @@ async def api_call(
     """Read the call, then run `handle` on it; answer a MicrobatchError as its JSON error;
     count and time it. `kind` is the model kind the route serves (None: any), `elsewhere`
     the route to name when the model is of another kind."""
+    services: Services = request.app.state.services
+    if services.tracer is None:
+        return await _call(request, services, route, schema, kind, handle, elsewhere)
+    run = functools.partial(_call, request, services, route, schema, kind, handle, elsewhere)
+    return await traced(services.tracer, request.headers, route, run)
+
+
+async def _call(
+    request: Request,
+    services: Services,
+    route: str,
+    schema: type[T],
+    kind: ModelKind | None,
+    handle: Callable[[Parsed[T]], Awaitable[Response]],
+    elsewhere: str,
+) -> Response:
     tally = _Tally(route)
     started = time.perf_counter()
     metrics.inflight_requests.inc()
     status = 500
     try:
-        services: Services = request.app.state.services
         call = read_call(request, services, route, tally)
-        parsed = await read_body(request, call, services, schema, kind, elsewhere)
+        with tracing.span(services.tracer, "validate"):
+            parsed = await read_body(request, call, services, schema, kind, elsewhere)
         tally.label = parsed.name
+        if services.tracer is not None:
+            describe(call.request_id, parsed.name, call.priority)
         response = await handle(parsed)
         status = response.status_code
         return response
@@ -129,7 +150,7 @@ async def api_call(
         metrics.inflight_requests.dec()
         metrics.requests_total.labels(route, tally.label, str(status)).inc()
         metrics.request_duration_seconds.labels(route, tally.label).observe(
-            time.perf_counter() - started
+            time.perf_counter() - started, trace_exemplar(services.tracer)
         )
 
 
@@ -161,6 +182,7 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
         priority=priority,
         session=headers.get("x-microbatch-session"),
         disconnected=lambda: _disconnected(receive),
+        trace=tracing.carrier() if services.tracer is not None else tracing.UNTRACED,
     )
 
 

@@ -10,6 +10,8 @@ import asyncio
 import itertools
 import os
 
+from opentelemetry.trace import Tracer
+
 from common import metrics, streams
 from common.buckets import bucket_for
 from common.errors import ServiceUnavailable
@@ -30,9 +32,10 @@ from gateway.waiting import Canceller
 
 
 class Services:
-    def __init__(self, settings: Settings, store: Store) -> None:
+    def __init__(self, settings: Settings, store: Store, tracer: Tracer | None = None) -> None:
         self.settings = settings
         self.store = store
+        self.tracer = tracer  # None: tracing is off, and the request path does none of it
         self.id = settings.process_id("gateway")
         self.keys = streams.Keys(settings.prefix)
         self.catalog = Catalog(store, settings)

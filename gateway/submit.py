@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from common import metrics
+from common import metrics, tracing
 from common.clock import wall_ms
 from common.errors import (
     ClientGone,
@@ -35,6 +35,13 @@ Answer = EmbeddingResult | GenerationChunk
 
 def admit_or_refuse(
     services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int, tokens: int = 0
+) -> None:
+    with tracing.span(services.tracer, "admission", rows=n_inputs):
+        _admit_or_refuse(services, model, n_inputs, timeout_ms, tokens)
+
+
+def _admit_or_refuse(
+    services: Services, model: ModelEntry, n_inputs: int, timeout_ms: int, tokens: int
 ) -> None:
     """Raise Overloaded (503, Retry-After) unless `n_inputs` more rows (and, for a
     generation request, `tokens` more prompt + max_tokens) may be queued;
@@ -111,9 +118,10 @@ async def submit(
             except MicrobatchError:
                 services.canceller.cancel(entries.model, ids, entries.deadline_ms)
                 raise
-        replies = await await_replies(
-            call.disconnected, futures, entries.timeout_ms, entries.deadline_ms
-        )
+        with tracing.span(services.tracer, "wait for replies", entries=len(ids)):
+            replies = await await_replies(
+                call.disconnected, futures, entries.timeout_ms, entries.deadline_ms
+            )
         if choices > 1:
             replies = replies[0]
     except (ClientGone, ServiceUnavailable, DeadlineExceeded):
@@ -138,8 +146,9 @@ async def enqueue_within(
     paused client, retries) answers the client 504 at its deadline, never later. The write
     itself goes on; the caller cancels what it may land."""
     try:
-        async with asyncio.timeout(max(0.0, (deadline_ms - wall_ms()) / 1000)):
-            await services.enqueuer.add(items)
+        with tracing.span(services.tracer, "enqueue", entries=len(items)):
+            async with asyncio.timeout(max(0.0, (deadline_ms - wall_ms()) / 1000)):
+                await services.enqueuer.add(items)
     except TimeoutError:
         raise DeadlineExceeded(
             f"the queue did not take this request within its {timeout_ms} ms deadline"

@@ -18,10 +18,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from opentelemetry.trace import Tracer
+
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
 from worker.compute_threads import ComputeThreads
+from worker.entry_spans import EntrySpans
 from worker.held import Held
 from worker.inbox import Inbox
 from worker.intake import Intake, affine
@@ -73,23 +76,18 @@ def compose(
     register: Callable[[], Awaitable[None]],
     compute: ComputeThreads,
     clock: Callable[[], float] = time.monotonic,
+    tracer: Tracer | None = None,
 ) -> Consumer:
-    """The worker's parts for a loop `make_loop` builds, wired one way each."""
+    """The worker's parts for a loop `make_loop` builds, wired one way each, traced or not."""
     inbox, leases = Inbox(), Leases()
     supervisor = Supervisor(inbox)
     publisher = Publisher(settings, store, leases, supervisor, clock)
-    loop = make_loop(Wiring(name, limits.model, inbox, publisher, supervisor))
+    spans = EntrySpans(tracer, name) if tracer is not None else None
+    loop = make_loop(Wiring(name, limits.model, inbox, publisher, supervisor, spans))
     intake = Intake(
-        settings,
-        store,
-        limits,
-        name,
-        loop=loop,
-        inbox=inbox,
-        leases=leases,
-        publisher=publisher,
-        clock=clock,
-    )
+        settings, store, limits, name, loop=loop, inbox=inbox, leases=leases,
+        publisher=publisher, clock=clock, spans=spans,
+    )  # fmt: skip
     liveness = Liveness(
         settings,
         store,

@@ -7,6 +7,7 @@ entry's assembly, the row queues) stays pure: no Redis, no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from worker.triage import Entry
 
@@ -21,6 +22,7 @@ class Held:
     # deliveries so far; past the first, a worker may have died computing it (a poison input
     # that crashes or OOMs the process), so it runs alone: no batch-mate dies with it again
     deliveries: int = 1
+    span: Any = None  # its `process entry` span, when tracing is on (worker.entry_spans)
 
     @property
     def alone(self) -> bool:

@@ -25,11 +25,12 @@ from common.protocol import DeadLetter, RequestEntry, encode
 from common.settings import Settings
 from common.store import Store
 from worker import triage
+from worker.entry_spans import EntrySpans
 from worker.held import Held
 from worker.inbox import Inbox
 from worker.leases import Leases
 from worker.publisher import Publisher
-from worker.replies import Done, Reply, error_reply
+from worker.replies import Done, Entry, Reply, error_reply
 
 log = logging.getLogger("microbatch.worker")
 BURST_POLL_S = 0.01
@@ -58,6 +59,7 @@ class Intake:
         leases: Leases,
         publisher: Publisher,
         clock: Callable[[], float],
+        spans: EntrySpans | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -71,6 +73,7 @@ class Intake:
         self._leases = leases
         self._publisher = publisher
         self._clock = clock
+        self._spans = spans
 
     def room(self) -> int:
         return self._loop.room()
@@ -156,6 +159,7 @@ class Intake:
                         decision.entry, decision.status, decision.code, decision.message, self.name
                     )
                 )
+                self._refused(item, decision.entry, count, decision.code, decision.message)
             else:
                 await self._dead_letter(item, count, decision, replies)
         # Only entries that waited in the stream past one cancel poll are asked about here:
@@ -168,15 +172,22 @@ class Intake:
         for item, entry, count in runnable:
             if entry.id in cancelled:
                 done.append((item.stream, item.entry_id))
+                self._refused(item, entry, count, "cancelled", "the client left before it ran")
                 continue
             # Prompts past the largest bucket share it; embedding inputs never get there.
             bucket = bucket_for(entry.longest, buckets) or buckets[-1]
-            self._leases.take((item.stream, item.entry_id), entry.id)
-            self._loop.hold(
-                Held(entry, item.stream, item.entry_id, self._clock(), bucket, deliveries=count)
-            )
+            span = self._spans.read(entry, item.stream, count) if self._spans else None
+            self._leases.take((item.stream, item.entry_id), entry.id, span)
+            held = Held(entry, item.stream, item.entry_id, self._clock(), bucket, count, span)
+            self._loop.hold(held)
         if replies or done:
             await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
+
+    def _refused(
+        self, item: streams.StreamEntry, entry: Entry, count: int, event: str, why: str
+    ) -> None:
+        if self._spans is not None:
+            self._spans.refused(entry, item.stream, count, event, why)
 
     async def _cancelled(self, entry_ids: list[str], now_ms: int) -> set[str]:
         """Those of `entry_ids` whose clients already left; none if Redis cannot say (the
@@ -207,6 +218,8 @@ class Intake:
             extra={"request_id": request_id},
         )
         metrics.dead_letters_total.inc()
+        if decision.entry is not None:
+            self._refused(item, decision.entry, count, "dead_lettered", decision.reason)
         letter = DeadLetter(
             stream=item.stream,
             entry_id=item.entry_id,

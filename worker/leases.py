@@ -19,13 +19,23 @@ Lease = tuple[str, str]  # (request stream, entry id)
 class Leases:
     def __init__(self) -> None:
         self._held: dict[Lease, str] = {}  # lease -> the request entry's id
+        self._spans: dict[Lease, object] = {}  # lease -> its entry's span, when traced
 
-    def take(self, lease: Lease, entry_id: str) -> None:
+    def take(self, lease: Lease, entry_id: str, span: object = None) -> None:
         self._held[lease] = entry_id
+        if span is not None:
+            self._spans[lease] = span
 
-    def release(self, leases: Iterable[Lease]) -> None:
+    def release(self, leases: Iterable[Lease]) -> list[object]:
+        """Forget the leases; the spans of those traced, for the publisher to end."""
+        spans = []
         for lease in leases:
             self._held.pop(lease, None)
+            if self._spans:
+                span = self._spans.pop(lease, None)
+                if span is not None:
+                    spans.append(span)
+        return spans
 
     def entry_ids(self) -> list[str]:
         """The request entries' ids held: what the cancel set is asked about."""

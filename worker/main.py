@@ -7,10 +7,12 @@ or generation) and the consumer that runs them, and nothing imports it but the C
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Callable
 
+from opentelemetry.trace import Tracer
 from redis.exceptions import RedisError
 
 from common import gc_tuning, streams
@@ -97,7 +99,11 @@ def embedding_options(settings: Settings, model: LoadedModel) -> dict:
 
 
 def build_consumer(
-    settings: Settings, store: Store, model: LoadedModel, compute: ComputeThreads
+    settings: Settings,
+    store: Store,
+    model: LoadedModel,
+    compute: ComputeThreads,
+    tracer: Tracer | None = None,
 ) -> Consumer:
     """The worker's parts around the loop for the model's kind, composed."""
     limits = EntryLimits(
@@ -133,9 +139,8 @@ def build_consumer(
         def make_loop(wiring: Wiring) -> RunningLoop:
             return EmbedLoop(settings, wiring, model.runner, compute, profiler=profiler)  # type: ignore[arg-type]
 
-    return compose(
-        settings, store, limits, name, make_loop, lambda: register(store, settings, model), compute
-    )
+    registering = functools.partial(register, store, settings, model)
+    return compose(settings, store, limits, name, make_loop, registering, compute, tracer=tracer)
 
 
 def batch_profiler(settings: Settings, name: str) -> BatchProfiler | None:
@@ -164,10 +169,12 @@ async def run_worker(
     stop: asyncio.Event,
     store: Store | None = None,
     load: Callable[[Settings], LoadedModel] = load_model,
+    tracer: Tracer | None = None,
 ) -> None:
     """Serve `settings.model` until `stop` is set; then finish what it holds and return.
     `load` makes the model: the real loader, or a test's scripted one (a fault seam kept
-    out of the settings, so no deployment can switch it on)."""
+    out of the settings, so no deployment can switch it on); `tracer` traces each entry
+    and batch (None: off)."""
     own_store = store is None
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     store = open_store(settings) if store is None else store
@@ -176,7 +183,7 @@ async def run_worker(
         # loaded on the thread that runs batches on every core (see compute_threads)
         compute = ComputeThreads()
         model = await asyncio.wrap_future(compute.first.submit(load, settings))
-        consumer = build_consumer(settings, store, model, compute)
+        consumer = build_consumer(settings, store, model, compute, tracer)
         gc_tuning.freeze_startup_heap()  # the model's Python objects leave every later scan
         # Only an outage is worth retrying; a configuration error (a `default_prompt_name`
         # the model lacks) raises at once, so the process exits with its message.

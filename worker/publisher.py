@@ -24,6 +24,7 @@ from common.clock import wall_ms
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
+from worker import entry_spans
 from worker.leases import Leases
 from worker.replies import Done, Reply
 from worker.supervisor import Supervisor
@@ -73,6 +74,7 @@ class Publisher:
         never lost, never acked unanswered."""
         backoff = Backoff()
         expire = self._due_for_ttl({stream for stream, _ in replies})
+        published = False
         try:
             attempt = 0
             while attempt < PUBLISH_ATTEMPTS or wall_ms() < until_ms:
@@ -88,12 +90,15 @@ class Publisher:
                     )
                     now = self._clock()
                     self._expired.update(dict.fromkeys(expire, now))
+                    published = True
                     return
                 except RedisError as exc:
                     await backoff.wait(log, "publish", exc)
             log.error("gave up publishing %d replies; they stay pending for reclaim", len(done))
         finally:
-            self._leases.release(done)
+            spans = self._leases.release(done)
+            if spans:
+                entry_spans.ended(spans, published)
 
     def _due_for_ttl(self, reply_streams: set[str]) -> list[str]:
         """Reply streams whose TTL this worker has not set in a quarter of it. A stream

@@ -3,13 +3,14 @@
 A loop talks outward through these three and nothing else: it waits on its `inbox` (and
 reads the cancel set and live settings posted there), hands outcomes to the `publisher`,
 and reports a batch that died of a bug to the `supervisor`. None of them can call back
-into the loop.
+into the loop. Traced, it also has `spans`, where its batches and entries' events go.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from worker.entry_spans import EntrySpans
 from worker.inbox import Inbox
 from worker.publisher import Publisher
 from worker.supervisor import Supervisor
@@ -22,3 +23,4 @@ class Wiring:
     inbox: Inbox
     publisher: Publisher
     supervisor: Supervisor
+    spans: EntrySpans | None = None  # None: tracing is off

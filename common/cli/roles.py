@@ -11,11 +11,12 @@ import contextlib
 import signal
 import socket
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 import typer
 
+from common import tracing
 from common.cli.exposure import open_bind_refusal
 from common.cli.options import (
     EXTRA,
@@ -36,6 +37,21 @@ from common.cli.processes import (
 from common.logs import setup_logging
 from common.settings import Settings
 from common.tasks import spawn_supervised
+
+
+@contextlib.contextmanager
+def _traced(role: str) -> Iterator[Any]:
+    """The role's tracer, as the standard OTEL_* environment asks (None: tracing off); what
+    it still buffers is exported when the role ends."""
+    try:
+        traced = tracing.start(role)
+    except tracing.TracingConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        yield traced.tracer if traced is not None else None
+    finally:
+        if traced is not None:
+            traced.shutdown()
 
 
 def _run(main: Coroutine[Any, Any, int | None]) -> None:
@@ -121,37 +137,42 @@ def serve(
     _refuse_an_open_bind(settings)
     if settings.processes > 1:
         serve_worker_health(settings)  # the worker's metrics: no gateway runs in this process
-        _run(_serve_processes(settings))
+        with _traced("worker") as tracer:
+            _run(_serve_processes(settings, tracer))
         return
 
-    async def main() -> None:
-        from common.store import check_access, close_store, open_store
-        from gateway.app import create_app
-        from worker.main import run_worker
-
-        store = open_store(settings)
-        await check_access(store)
-        server = _uvicorn_server(settings, create_app(settings, store))
-        sockets = _listen(settings)
-        worker_stop = asyncio.Event()
-        _stop_on_signals(lambda: setattr(server, "should_exit", True))
-        # a worker that dies takes the gateway down with it: serving without one only fails
-        worker = spawn_supervised(
-            "worker",
-            run_worker(settings, worker_stop, store),
-            lambda exc: setattr(server, "should_exit", True),
-        )
-        try:
-            await server.serve(sockets=sockets)
-        finally:
-            worker_stop.set()  # after the gateway: its in-flight requests need the worker
-            await worker
-            await close_store(store)
-
-    _run(main())
+    # two roles, two services in a trace, as in a fleet
+    with _traced("gateway") as gateway_tracer, _traced("worker") as worker_tracer:
+        _run(_serve_one(settings, gateway_tracer, worker_tracer))
 
 
-async def _serve_processes(settings: Settings) -> int:
+async def _serve_one(settings: Settings, gateway_tracer: Any, worker_tracer: Any) -> None:
+    """`serve`: the gateway and the worker on one event loop, over one store."""
+    from common.store import check_access, close_store, open_store
+    from gateway.app import create_app
+    from worker.main import run_worker
+
+    store = open_store(settings)
+    await check_access(store)
+    server = _uvicorn_server(settings, create_app(settings, store, gateway_tracer))
+    sockets = _listen(settings)
+    worker_stop = asyncio.Event()
+    _stop_on_signals(lambda: setattr(server, "should_exit", True))
+    # a worker that dies takes the gateway down with it: serving without one only fails
+    worker = spawn_supervised(
+        "worker",
+        run_worker(settings, worker_stop, store, tracer=worker_tracer),
+        lambda exc: setattr(server, "should_exit", True),
+    )
+    try:
+        await server.serve(sockets=sockets)
+    finally:
+        worker_stop.set()  # after the gateway: its in-flight requests need the worker
+        await worker
+        await close_store(store)
+
+
+async def _serve_processes(settings: Settings, tracer: Any) -> int:
     """`serve --processes N`: the gateways in N children, the one worker here; on a signal
     the gateways drain first, then the worker (their in-flight requests need it)."""
     from common.store import check_access, close_store, open_store
@@ -163,7 +184,9 @@ async def _serve_processes(settings: Settings) -> int:
     _stop_on_signals(gateways.stop)
     worker_stop = asyncio.Event()
     worker = spawn_supervised(
-        "worker", run_worker(settings, worker_stop, store), lambda exc: gateways.stop()
+        "worker",
+        run_worker(settings, worker_stop, store, tracer=tracer),
+        lambda exc: gateways.stop(),
     )
     try:
         return await gateways.run()
@@ -191,7 +214,8 @@ def gateway(
     if settings.processes > 1:
         _run(_supervise_gateways(settings))
     else:
-        _run(_serve_gateway(settings))
+        with _traced("gateway") as tracer:
+            _run(_serve_gateway(settings, tracer=tracer))
 
 
 async def _supervise_gateways(settings: Settings) -> int:
@@ -207,7 +231,9 @@ async def _supervise_gateways(settings: Settings) -> int:
     return await gateways.run()
 
 
-async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+async def _serve_gateway(
+    settings: Settings, sockets: list[socket.socket] | None = None, tracer: Any = None
+) -> None:
     """One gateway on this event loop, until a signal; on `sockets` if given, else it binds."""
     from common import gc_tuning
     from common.store import check_access, close_store, open_store
@@ -215,7 +241,7 @@ async def _serve_gateway(settings: Settings, sockets: list[socket.socket] | None
 
     store = open_store(settings)
     await check_access(store)
-    server = _uvicorn_server(settings, create_app(settings, store))
+    server = _uvicorn_server(settings, create_app(settings, store, tracer))
     _stop_on_signals(lambda: setattr(server, "should_exit", True))
     gc_tuning.freeze_startup_heap()
     try:
@@ -234,7 +260,9 @@ def _gateway_process(settings: Settings, parent_pid: int) -> None:
     except OSError as exc:
         typer.echo(f"microbatch: cannot listen on {settings.host}: {exc}", err=True)
         sys.exit(START_FAILED)
-    sys.exit(_exit_code(_serve_gateway(settings, sockets)))
+    with _traced("gateway") as tracer:
+        code = _exit_code(_serve_gateway(settings, sockets, tracer))
+    sys.exit(code)
 
 
 def _listen(settings: Settings, always: bool = False) -> list[socket.socket] | None:
@@ -259,9 +287,10 @@ def worker(ctx: typer.Context, redis_url: RedisUrl = None, model: Model = None) 
 
         stop = asyncio.Event()
         _stop_on_signals(stop.set)
-        await run_worker(settings, stop)
+        await run_worker(settings, stop, tracer=tracer)
 
-    _run(main())
+    with _traced("worker") as tracer:
+        _run(main())
 
 
 def serve_worker_health(settings: Settings) -> None:

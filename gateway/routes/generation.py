@@ -15,6 +15,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import Response
 
+from common import tracing
 from common.clock import wall_ms
 from common.errors import ContextLengthExceeded, InvalidRequest
 from common.protocol import (
@@ -103,6 +104,7 @@ class _Ask:
     priority: int
     timeout_ms: int
     session: str | None = None  # an explicit affinity key
+    trace: tracing.TraceContext = tracing.UNTRACED
 
 
 def _entries(
@@ -113,9 +115,8 @@ def _entries(
     ask: _Ask,
     shape: Shape,
 ) -> Submitted:
-    start_ms = wall_ms()
+    start_ms, base = wall_ms(), services.next_id()
     deadline_ms = start_ms + ask.timeout_ms
-    base = services.next_id()
     stops = _stops(req)
     sampling = sampling_fields(req, model.info.vocab_size)
     items, ids, routed, owners = [], [], [], []
@@ -138,6 +139,7 @@ def _entries(
             n=req.candidates,
             logprobs=_scored(req),
             prompt_logprobs=req.prompt_logprobs,
+            **ask.trace._asdict(),
             **sampling,
         )
         names = services.affinity_names(model.info, prompt.tolist(), ask.session)
@@ -185,7 +187,8 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
     call = parsed.call
     request_id = call.request_id
-    prompts = await prepare(services, model, req)
+    with tracing.span(services.tracer, "prompt"):  # rendered and tokenized
+        prompts = await prepare(services, model, req)
     tokens = _within_limits(services, req, prompts)
     answer_format, schema = req.response_format, schema_text(req)
     if (
@@ -198,7 +201,7 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         await services.tokenize.on_pool(grammar_problem, answer_format.type, schema)
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
-    ask = _Ask(request_id, call.priority, call.timeout_ms, session)
+    ask = _Ask(request_id, call.priority, call.timeout_ms, session, call.trace)
     shape = Shape(
         model.tokenizer,
         with_ids=req.return_token_ids,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import REGISTRY
+from prometheus_client.exposition import choose_encoder
 
 from common.errors import MicrobatchError, ModelNotFound, RouteNotFound
 from common.protocol import ModelKind
@@ -124,7 +125,9 @@ async def prometheus(request: Request) -> Response:
             check_api_key(request.headers.get("authorization"), settings.api_keys)
     except MicrobatchError as exc:
         return error_response(exc, None)
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    # OpenMetrics when the scraper asks for it: the format that carries exemplars
+    encoder, content_type = choose_encoder(request.headers.get("accept"))
+    return Response(encoder(REGISTRY), headers={"Content-Type": content_type})
 
 
 def install(app: FastAPI) -> None:

@@ -60,7 +60,7 @@ class _Parts:
         self._max_rows = min(
             self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
         )
-        self._request_id = call.request_id
+        self._request_id, self._trace = call.request_id, call.trace
         start_ms = wall_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
         self._timeout_ms = call.timeout_ms
@@ -84,6 +84,7 @@ class _Parts:
                 priority=self._priority,
                 reply_to=services.router.stream,
                 enqueued_ms=self._start_ms,
+                **self._trace._asdict(),
             )
             longest = max(len(r) for r in members)
             items.append((services.request_stream(name, longest), encode(entry)))

@@ -32,10 +32,10 @@ class InProcess:
     def _run(self, coro: Any, timeout_s: float = 60) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def start_gateway(self, settings: Settings) -> str:
+    def start_gateway(self, settings: Settings, tracer: Any = None) -> str:
         async def start() -> tuple[uvicorn.Server, Any]:
             store = open_store(settings)
-            app = create_app(settings, store)
+            app = create_app(settings, store, tracer)
             config = uvicorn.Config(
                 app,
                 host="127.0.0.1",
@@ -72,10 +72,10 @@ class InProcess:
 
         self._run(ended(), limit_s + 5)
 
-    def start_worker(self, settings: Settings) -> None:
+    def start_worker(self, settings: Settings, tracer: Any = None) -> None:
         async def start() -> tuple[asyncio.Event, Any]:
             stop = asyncio.Event()
-            task = self.loop.create_task(run_worker(settings, stop))
+            task = self.loop.create_task(run_worker(settings, stop, tracer=tracer))
             task.add_done_callback(self._ended)
             return stop, task
 

@@ -1,7 +1,7 @@
 """A rolling update, both ways round, for one wire step (issue 34, item 10).
 
 Real redis-server and real processes of this release; the previous release's side is played
-by its frozen wire codec (tests/wire/v5): what it writes is exactly what a process of that
+by its frozen wire codec (tests/wire/v6): what it writes is exactly what a process of that
 release writes, and what it cannot read fails the test. An old gateway beside a new worker,
 then a new gateway beside an old worker: every request answered, none waiting out its
 deadline; a message neither side can read is answered 503 `version_mismatch` at once.
@@ -20,7 +20,7 @@ import redis
 from common.streams import FIELD, GROUP
 from common.wire_compat import PREVIOUS, VERSION
 from tests.conftest import Processes, wait_ready, wait_until
-from tests.wire.v5 import protocol_v5 as old
+from tests.wire.v6 import protocol_v6 as old
 
 KEYS_PREFIX = "mb"
 STREAM = f"{KEYS_PREFIX}:{{noop}}:req:128"
@@ -42,7 +42,7 @@ def test_an_old_gateway_beside_a_new_worker(redis_url: str, processes: Processes
         for i in range(3):
             tokens, lengths = old.pack_rows([np.array([101, 7592 + i, 102], dtype=np.uint32)])
             entry = old.RequestEntry(
-                id=f"old.{i}", request_id=f"r{i}", model="noop", kind="embed", tokens=tokens,
+                id=f"old.{i}", request_id=f"r{i}", model="noop", tokens=tokens,
                 lengths=lengths, deadline_ms=now + 30_000, priority=1, reply_to=reply_to,
                 enqueued_ms=now,
             )  # fmt: skip

@@ -228,6 +228,8 @@ GEN = {
     "prompt_logprobs": 5,
     "response_format": "json_schema",
     "json_schema": '{"type": "object"}',
+    "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "tracestate": "congo=t61rcWkgMzE",
 }
 
 
@@ -364,3 +366,28 @@ def test_what_is_not_a_message_is_refused_with_a_reason_at_each_gate() -> None:
     wide = {f"k{i}": i for i in range(49)}  # more fields than any message has
     with pytest.raises(ProtocolError, match="not a msgpack message"):
         decode(msgpack.packb(wide))
+
+
+@pytest.mark.parametrize(
+    ("traceparent", "tracestate"),
+    [
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331", ""),  # no flags
+        ("00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01", ""),  # upper case
+        ("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", ""),  # not as written
+        ("", "congo=t61rcWkgMzE"),  # a state with no parent
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "x" * 513),
+    ],
+)
+def test_an_entry_trace_context_is_w3c_and_bounded_or_the_entry_is_refused(
+    traceparent: str, tracestate: str
+) -> None:
+    with pytest.raises(ProtocolError, match="traceparent"):
+        decode(raw({**GEN, "traceparent": traceparent, "tracestate": tracestate}))
+
+
+def test_a_traced_entry_keeps_its_context_and_an_untraced_one_costs_no_bytes() -> None:
+    traced = decode(raw(GEN))
+    assert isinstance(traced, GenerateEntry)
+    assert traced.traceparent == GEN["traceparent"] and decode(encode(traced)) == traced
+    plain = dataclasses.replace(traced, traceparent="", tracestate="")
+    assert b"traceparent" not in encode(plain) and b"traceparent" in encode(traced)

@@ -67,20 +67,3 @@ def by_entry(members: list[Row]) -> list[Part]:
         part[1].append(index)
         part[2].append(place)
     return list(parts.values())
-
-
-def batch_line(
-    model: str, batch: Batch, members: list[Row], start_ms: int, compute_s: float
-) -> dict[str, object]:
-    """The fields of a batch's debug log line (`log_level` debug: one line per batch)."""
-    return {
-        "model": model,
-        "bucket": batch.bucket,
-        "size": len(members),
-        "padded_tokens": batch.padded_tokens,
-        "real_tokens": batch.real_tokens,
-        "trigger": batch.trigger,
-        "max_wait_ms": max(start_ms - a.entry.enqueued_ms for a, _ in members),
-        "compute_ms": round(compute_s * 1000, 2),
-        "request_ids": sorted({a.entry.request_id for a, _ in members}),
-    }

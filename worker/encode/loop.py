@@ -22,7 +22,7 @@ import math
 import time
 from collections.abc import Callable
 
-from common import metrics
+from common import metrics, tracing
 from common.clock import wall_ms
 from common.settings import Settings
 from common.tasks import spawn_supervised
@@ -30,12 +30,13 @@ from worker.compute_threads import ComputeThreads, free_stream
 from worker.encode.assembly import Assembly, BatchFacts
 from worker.encode.batching import Batch, Limits, Load, Wait, next_batch
 from worker.encode.cost import Observations
-from worker.encode.handoff import Behind, Part, batch_line, by_entry, profile_facts, timed
-from worker.encode.metrics import BatchMetrics, computed_tokens
+from worker.encode.handoff import Behind, Part, by_entry, profile_facts, timed
 from worker.encode.parallelism import Parallelism
+from worker.encode.report import BatchReport
 from worker.encode.row_queues import Row, RowQueues
 from worker.encode.runners.base import Runner
 from worker.encode.window import ComputeRate, read_window
+from worker.entry_spans import event
 from worker.held import Held
 from worker.profiling import BatchProfiler
 from worker.replies import Done, Reply
@@ -66,8 +67,6 @@ class EmbedLoop:
         self._publisher = wiring.publisher
         self._supervisor = wiring.supervisor
         self._runner = runner
-        # the width a runner computes a batch at (a grid in bfloat16 on a CPU), if it says
-        self._padded_width: Callable[[int], int] | None = getattr(runner, "padded_width", None)
         self._profiler = profiler
         self._clock = clock
         self._model = wiring.model
@@ -93,7 +92,8 @@ class EmbedLoop:
         # revocable until they start
         self._behind: dict[asyncio.Task, Behind] = {}
         self._observed = Observations(settings.buckets)
-        self._metrics = BatchMetrics(self._model)
+        # a runner may say the width it computes a batch at (a grid in bfloat16 on a CPU)
+        self._report = BatchReport(self._model, getattr(runner, "padded_width", None), wiring.spans)
         self._rate = ComputeRate()  # rows per compute second: bounds the read window
         self.batches_run = 0
 
@@ -295,10 +295,12 @@ class EmbedLoop:
                 continue
             held = assembly.held
             del self._entries[(held.stream, held.entry_id)]
+            if assembly.dropped:
+                event(held.span, assembly.dropped)
             done.append((held.stream, held.entry_id))
             if assembly.first_start_ms is not None:  # once, to its first batch's real start
                 wait_ms = max(0, assembly.first_start_ms - assembly.entry.enqueued_ms)
-                self._metrics.of(held.bucket).queue_wait.observe(wait_ms / 1000)
+                self._report.metrics.of(held.bucket).queue_wait.observe(wait_ms / 1000)
             reply = assembly.reply(held.bucket, self._name, now_ms)
             if reply is not None:
                 replies.append(reply)
@@ -360,10 +362,10 @@ class EmbedLoop:
         results, start_ms, compute_s = await computed
         if len(results) != len(members):  # a runner bug: stop the worker, lose nothing
             raise ValueError(f"runner returned {len(results)} results for {len(members)} rows")
-        self._observe(batch, members, compute_s, start_ms, threads)
         facts = BatchFacts(
             f"{self._name}:{next(self._batch_ids)}", len(members), start_ms, compute_s
         )
+        self._observe(batch, members, facts, threads)
         for assembly, indices, places in entries:
             ours = [results[place] for place in places]
             for result in ours:
@@ -371,8 +373,10 @@ class EmbedLoop:
                     log.error(
                         "input failed: %r",
                         result,
-                        extra={"request_id": assembly.entry.request_id, "entry": assembly.entry.id},
+                        extra={"request_id": assembly.entry.request_id, "entry": assembly.entry.id}
+                        | tracing.log_ids(assembly.held.span),
                     )
+                    event(assembly.held.span, "input failed", reason=repr(result))
             assembly.filled(indices, ours, facts)
         replies, done = self._settle([assembly for assembly, _, _ in entries], wall_ms())
         if done:
@@ -380,19 +384,10 @@ class EmbedLoop:
             self._publisher.post(replies, done, until_ms=until_ms)
         self.batches_run += 1
 
-    def _observe(
-        self, batch: Batch, members: list[Row], compute_s: float, start_ms: int, threads: int
-    ) -> None:
-        series = self._metrics.of(batch.bucket)
-        series.batch_size.observe(len(members))
-        computed = computed_tokens(batch.padded_tokens, len(members), self._padded_width)
-        series.batch_tokens.observe(computed)
-        series.padding_ratio.observe(1 - batch.real_tokens / computed)
-        series.compute_seconds.observe(compute_s)
-        self._observed.batch(threads, batch.bucket, batch.padded_tokens, compute_s)
-        self._rate.observe(len(members), compute_s)
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("batch", extra=batch_line(self._model, batch, members, start_ms, compute_s))
+    def _observe(self, batch: Batch, members: list[Row], facts: BatchFacts, threads: int) -> None:
+        self._observed.batch(threads, batch.bucket, batch.padded_tokens, facts.compute_s)
+        self._rate.observe(len(members), facts.compute_s)
+        self._report.batch(batch, members, facts, threads)
 
     async def finish(self) -> None:
         """Wait for every batch still computing."""

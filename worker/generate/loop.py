@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from common import metrics
+from common import metrics, tracing
 from common.clock import wall_ms
 from common.protocol import GenerateEntry
 from common.response_format import StructureError
 from common.settings import Settings
 from worker.compute_threads import ComputeThreads
+from worker.entry_spans import event
 from worker.generate.constraints import Constraint, Grammars
 from worker.generate.engine import GenerationEngine
 from worker.generate.sampling import Sampling
@@ -176,9 +177,10 @@ class GenerationLoop:
         )
         self._budgets = plan.budgets
         for key in plan.preempt:
-            self._waiting[key] = self._running.pop(key)
+            self._waiting[key] = preempted = self._running.pop(key)
             self._retire.append(key)
             metrics.preemptions_total.labels(self._model).inc()
+            event(preempted.held.span, "preempted", choice=preempted.choice)
         admitted = [(key, self._waiting.pop(key)) for key in plan.admit]
         for key, _ in admitted:
             self._names.pop(key, None)
@@ -188,6 +190,7 @@ class GenerationLoop:
             self._running[key] = seq
             if seq.queue_ms < 0:
                 seq.queue_ms = max(0.0, wall_ms() - seq.entry.enqueued_ms)
+            event(seq.held.span, "prefill", choice=seq.choice, tokens=len(seq.tokens()))
         return admitted
 
     def _cached(self, key: int, seq: Sequence) -> int:
@@ -252,6 +255,7 @@ class GenerationLoop:
             if chunk is not None:
                 replies.append(chunk)
             if finish:
+                self._finished(seq, finish)
                 del self._running[key]
                 self._retire.append(key)
                 seq.family.left -= 1
@@ -267,10 +271,21 @@ class GenerationLoop:
         if done:
             self._inbox.room_freed()
 
+    def _finished(self, seq: Sequence, reason: str) -> None:
+        tokens, cached = len(seq.generated), seq.cached_tokens
+        event(seq.held.span, "finished", choice=seq.choice, reason=reason, tokens=tokens,
+              cached_tokens=cached)  # fmt: skip
+
     def _fail_family(self, seq: Sequence, why: str, replies: list[Reply], done: list[Done]) -> None:
         """Answer a sequence's entry 500 and let every choice of it go (the engine has
         already freed the failed one); its step's other sequences go on."""
-        log.error("a sequence failed: %s", why, extra={"request_id": seq.entry.request_id})
+        span = seq.held.span
+        log.error(
+            "a sequence failed: %s",
+            why,
+            extra={"request_id": seq.entry.request_id} | tracing.log_ids(span),
+        )
+        event(span, "failed", reason=why)
         for table in (self._running, self._waiting):
             for key in [k for k, s in table.items() if s.family is seq.family]:
                 table.pop(key)
@@ -304,6 +319,7 @@ class GenerationLoop:
         if seq.last_token_s is None:
             ttft_ms = wall_ms() - seq.entry.enqueued_ms
             metrics.time_to_first_token_seconds.labels(self._model).observe(max(0, ttft_ms) / 1000)
+            event(seq.held.span, "first token", choice=seq.choice, ttft_ms=ttft_ms)
         else:
             metrics.inter_token_seconds.labels(self._model).observe(now_s - seq.last_token_s)
         seq.last_token_s = now_s
@@ -334,6 +350,9 @@ class GenerationLoop:
                     message = f"deadline passed after {len(seq.generated)} generated tokens"
                     error = error_reply(seq.entry, 504, "deadline_exceeded", message, self._name)
                     replies.append(error)
+                    event(seq.held.span, "deadline", reason=message)
+                else:
+                    event(seq.held.span, "cancelled", reason="the client left")
         if done:
             metrics.running_sequences.labels(self._model).set(len(self._running))
             self._inbox.room_freed()

@@ -1,0 +1,146 @@
+"""OpenTelemetry tracing: off unless the standard OTLP endpoint variable is set.
+
+`start(role)` is what a composition root calls (`microbatch serve`, `gateway`, `worker`): it
+returns the role's `Tracing` (a tracer, and a `shutdown` that flushes what is buffered) or
+None. The tracer is handed down to the parts that trace and every call site tests it for
+None, so with tracing off the queue path does no tracing work at all. One provider per role,
+so `serve`'s gateway and worker are two services in a trace, as they are in a fleet.
+
+The SDK reads the rest of the standard environment itself: `OTEL_TRACES_SAMPLER(_ARG)`,
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_SERVICE_NAME`, `OTEL_BSP_*` (export batching) and the
+exporter's `OTEL_EXPORTER_OTLP_*` (headers, timeout, certificates). The trace context
+crosses the queue inside each entry (`traceparent`, `tracestate`), in W3C's format.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Tracer, format_span_id, format_trace_id
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+SCOPE = "microbatch"
+W3C = TraceContextTextMapPropagator()
+
+
+class TraceContext(NamedTuple):
+    """What an entry carries of the request that queued it (W3C); empty when untraced."""
+
+    traceparent: str = ""
+    tracestate: str = ""
+
+
+UNTRACED = TraceContext()
+
+
+class TracingConfigError(ValueError):
+    """The environment asks for an export this build cannot do; refused at start."""
+
+
+@dataclass(frozen=True)
+class Tracing:
+    tracer: Tracer
+    provider: Any  # the SDK's TracerProvider (imported only when tracing is on)
+
+    def shutdown(self) -> None:
+        """Export what is still buffered (bounded by the processor's own timeout)."""
+        self.provider.shutdown()
+
+
+def enabled(environ: Mapping[str, str] = os.environ) -> bool:
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return any(environ.get(name, "").strip() for name in ENDPOINTS)
+
+
+def resource(role: str) -> Any:
+    """`service.name` microbatch-<role> and a `service.instance.id` of its own, unless the
+    environment names them (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`), which wins."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    given = OTELResourceDetector().detect().attributes
+    ours = {"service.name": f"microbatch-{role}", "service.instance.id": uuid.uuid4().hex}
+    return Resource.create({k: v for k, v in ours.items() if k not in given})
+
+
+def exporter(environ: Mapping[str, str] = os.environ) -> Any:
+    """OTLP over HTTP/protobuf (the spec's default), or gRPC when the protocol says so."""
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "grpc":
+        try:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (  # type: ignore[import-not-found]
+                OTLPSpanExporter as GrpcExporter,
+            )
+        except ImportError:
+            raise TracingConfigError(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the gRPC exporter: "
+                "pip install 'microbatch[otlp-grpc]' (or use http/protobuf)"
+            ) from None
+        return GrpcExporter()
+    raise TracingConfigError(
+        f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: microbatch exports OTLP as "
+        "'http/protobuf' (the default) or 'grpc'"
+    )
+
+
+def start(role: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
+    """The role's tracing as the environment asks for it; None when it is off."""
+    if not enabled(environ):
+        return None
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(resource=resource(role))  # the sampler: OTEL_TRACES_SAMPLER
+    provider.add_span_processor(BatchSpanProcessor(exporter(environ)))
+    return Tracing(provider.get_tracer(SCOPE), provider)
+
+
+def span(tracer: Tracer | None, name: str, **attributes: Any) -> AbstractContextManager[Any]:
+    """A child span of the current one for the `with` block; nothing at all when off."""
+    if tracer is None:
+        return nullcontext()
+    return tracer.start_as_current_span(name, attributes=attributes or None)
+
+
+def carrier(context: Context | None = None) -> TraceContext:
+    """The current span's context (or `context`'s), as an entry carries it."""
+    out: dict[str, str] = {}
+    W3C.inject(out, context)
+    return TraceContext(out.get("traceparent", ""), out.get("tracestate", ""))
+
+
+def extracted(traceparent: str | None, tracestate: str | None = None) -> Context:
+    """The remote parent a W3C header pair names; an empty context when it names none (a
+    malformed `traceparent` is ignored, as the spec asks: the trace restarts here)."""
+    headers = {"traceparent": traceparent or "", "tracestate": tracestate or ""}
+    return W3C.extract(headers)
+
+
+def log_ids(span: Span | None) -> dict[str, str]:
+    """`trace_id` and `span_id` for a log line, when the span is a real one."""
+    if span is None:
+        return {}
+    context = span.get_span_context()
+    if not context.is_valid:
+        return {}
+    return {
+        "trace_id": format_trace_id(context.trace_id),
+        "span_id": format_span_id(context.span_id),
+    }
