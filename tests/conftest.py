@@ -170,7 +170,7 @@ def redis_url(redis_server: RedisServer) -> str:
 
 
 def process_env(**settings: object) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROBATCH_", "OTEL_"))}
     env.update({f"MICROBATCH_{k.upper()}": str(v) for k, v in settings.items()})
     env["PYTHONUNBUFFERED"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
@@ -207,11 +207,16 @@ class Processes:
     tmp: Path
     started: list[Proc] = field(default_factory=list)
 
-    def start(self, role: str, *args: str, **settings: object) -> Proc:
-        """`microbatch <role> *args`, configured by `settings` (as MICROBATCH_* variables)."""
-        return self.start_module("common.cli", role, *args, **settings)
+    def start(
+        self, role: str, *args: str, env: dict[str, str] | None = None, **settings: object
+    ) -> Proc:
+        """`microbatch <role> *args`, configured by `settings` (as MICROBATCH_* variables)
+        and any other variables in `env` (OTEL_*, say)."""
+        return self.start_module("common.cli", role, *args, env=env, **settings)
 
-    def start_module(self, module: str, *args: str, **settings: object) -> Proc:
+    def start_module(
+        self, module: str, *args: str, env: dict[str, str] | None = None, **settings: object
+    ) -> Proc:
         """`python -m module *args`: a role (`common.cli`) or a test's own process
         (`tests.fault_worker`)."""
         role = args[0] if module == "common.cli" else module.rsplit(".", 1)[-1]
@@ -223,7 +228,7 @@ class Processes:
             popen = subprocess.Popen(
                 [sys.executable, "-m", module, *args],
                 cwd=ROOT,
-                env=process_env(**settings),
+                env=process_env(**settings) | (env or {}),
                 stdout=handle,
                 stderr=subprocess.STDOUT,
             )

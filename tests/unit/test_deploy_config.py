@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
 
+import jsonschema
 import yaml
 from typer.main import get_command
 
@@ -13,6 +15,8 @@ from common.cli import app
 from common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
+# the standard variables compose passes through (the SDK and common/tracing.py read them)
+OTEL_VARIABLES = {"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"}
 COMMANDS = set(get_command(app).commands)  # type: ignore[attr-defined]
 
 
@@ -53,6 +57,9 @@ def test_compose_commands_and_settings_exist() -> None:
             continue
         assert service["command"][0] in COMMANDS
         for variable in service.get("environment", {}):
+            if variable.startswith("OTEL_"):  # OpenTelemetry's own, read by its SDK
+                assert variable in OTEL_VARIABLES, variable
+                continue
             field = variable.removeprefix("MICROBATCH_").lower()
             assert field in Settings.model_fields, variable
         for option in (a for a in service["command"] if a.startswith("--")):
@@ -200,3 +207,36 @@ def test_compose_publishes_nothing_unauthenticated_beyond_this_host() -> None:
                 name,
                 port,
             )
+
+
+def test_compose_is_valid_against_the_compose_specification() -> None:
+    """tests/compose_schema/: the Compose Specification's JSON schema (Apache-2.0, as
+    docker-compose 1.29.2 ships it); `docker compose config` does the same where Docker is."""
+    schema = json.loads((ROOT / "tests/compose_schema/compose_spec.json").read_text())
+    validator = jsonschema.Draft201909Validator(schema)  # its $schema, with a stray "#"
+    assert not [e.message for e in validator.iter_errors(compose())]
+    broken = compose()
+    broken["services"]["gateway"]["stop_grace_period"] = {"s": 40}
+    assert list(validator.iter_errors(broken))  # the schema does check
+
+
+def test_the_tracing_profile_adds_jaeger_and_every_role_passes_the_otlp_endpoint_through() -> None:
+    services = compose()["services"]
+    jaeger = services["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]
+    assert jaeger["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    for name, service in services.items():
+        if service.get("image") == "microbatch:latest":  # off unless the endpoint is set
+            assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == (
+                "${OTEL_EXPORTER_OTLP_ENDPOINT:-}"
+            ), name
+    assert "--enable-feature=exemplar-storage" in services["prometheus"]["command"]
+    sources = ROOT / "deploy/grafana/provisioning/datasources"
+    (jaeger_source,) = yaml.safe_load((sources / "jaeger.yml").read_text())["datasources"]
+    assert jaeger_source["url"] == "http://jaeger:16686"
+    (prometheus,) = yaml.safe_load((sources / "prometheus.yml").read_text())["datasources"]
+    (link,) = prometheus["jsonData"]["exemplarTraceIdDestinations"]
+    assert (link["name"], link["datasourceUid"]) == ("trace_id", jaeger_source["uid"])
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/microbatch.json").read_text())
+    latency = [p for p in dashboard["panels"] if p["title"].startswith("Latency")]
+    assert any(t.get("exemplar") for p in latency for t in p["targets"])
