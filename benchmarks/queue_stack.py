@@ -69,20 +69,28 @@ def stack(
     processes: int = 1,
     model: str = MODEL,
     device: str | None = None,
+    env: dict[str, str] | None = None,
 ):
     """One worker and one gateway (of `processes` processes) of `model`: its URL, and the
-    pids of each role (for CPU per request)."""
+    pids of each role (for CPU per request). `env`: other variables for both (OTEL_*)."""
     common = {"model": model, "redis_url": redis_url, "max_queue_depth": 100_000}
     if device is not None:
         common["device"] = device
     port = free_port()
     with ExitStack() as roles:
         worker = roles.enter_context(
-            process(code, ["worker"], env_with(worker_id="w0", **common), folder / "w0.log")
+            process(
+                code,
+                ["worker"],
+                env_with(worker_id="w0", **common) | (env or {}),
+                folder / "w0.log",
+            )
         )
         extra = {"processes": processes} if processes > 1 else {}
-        env = env_with(port=port, gateway_id="gw", **common, **extra)
-        gateway = roles.enter_context(process(code, ["gateway"], env, folder / f"gw-{port}.log"))
+        gateway_env = env_with(port=port, gateway_id="gw", **common, **extra) | (env or {})
+        gateway = roles.enter_context(
+            process(code, ["gateway"], gateway_env, folder / f"gw-{port}.log")
+        )
         url = f"http://127.0.0.1:{port}"
         poll(lambda: ready(url, model), 300, f"gateway on {port} with a live worker")
         yield url, {"gateway": group(gateway.pid), "worker": [worker.pid]}

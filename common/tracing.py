@@ -18,14 +18,26 @@ import os
 import uuid
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, Tracer, format_span_id, format_trace_id
+from opentelemetry.trace import (
+    Span,
+    Status,
+    StatusCode,
+    Tracer,
+    format_span_id,
+    format_trace_id,
+    get_current_span,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+# whether the span current in this task is being recorded: one lookup where asking the OTel
+# context takes six calls, asked at every step of every request, sampled or not
+_RECORDING: ContextVar[bool] = ContextVar("microbatch_recording", default=False)
 SCOPE = "microbatch"
 W3C = TraceContextTextMapPropagator()
 
@@ -113,14 +125,49 @@ def start(role: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
 
 
 def span(tracer: Tracer | None, name: str, **attributes: Any) -> AbstractContextManager[Any]:
-    """A child span of the current one for the `with` block; nothing at all when off."""
-    if tracer is None:
+    """A leaf span under the current one for the `with` block; nothing at all when tracing
+    is off or the current span is not sampled (a span under it would be dropped anyway, and
+    the SDK's dropped spans still cost microseconds each). A leaf is never made current:
+    nothing nests under it, and attaching it would cost as much as the span itself."""
+    if tracer is None or not _RECORDING.get():
         return nullcontext()
-    return tracer.start_as_current_span(name, attributes=attributes or None)
+    return _Leaf(tracer.start_span(name, attributes=attributes or None))
+
+
+class _Leaf:
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+
+    def __enter__(self) -> Span:
+        return self._span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _: Any) -> None:
+        if exc is not None:  # a refusal (admission's 503) or a failure: its reason, no trace
+            self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"[:200]))
+        self._span.end()
+
+
+def recording_here() -> Token[bool]:
+    """Mark the current task's span as recorded (the server span, once sampled); give the
+    token back to `not_recording` when the span stops being current."""
+    return _RECORDING.set(True)
+
+
+def not_recording(token: Token[bool]) -> None:
+    _RECORDING.reset(token)
+
+
+def recording() -> bool:
+    return _RECORDING.get()
 
 
 def carrier(context: Context | None = None) -> TraceContext:
-    """The current span's context (or `context`'s), as an entry carries it."""
+    """The current span's context (or `context`'s), as an entry carries it; none for a span
+    not sampled, so its entries stay untraced on the wire and on the worker."""
+    if not (_RECORDING.get() if context is None else get_current_span(context).is_recording()):
+        return UNTRACED
     out: dict[str, str] = {}
     W3C.inject(out, context)
     return TraceContext(out.get("traceparent", ""), out.get("tracestate", ""))

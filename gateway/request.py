@@ -132,7 +132,7 @@ async def _call(
         with tracing.span(services.tracer, "validate"):
             parsed = await read_body(request, call, services, schema, kind, elsewhere)
         tally.label = parsed.name
-        if services.tracer is not None:
+        if call.trace.traceparent:  # traced and sampled
             describe(call.request_id, parsed.name, call.priority)
         response = await handle(parsed)
         status = response.status_code

@@ -24,14 +24,18 @@ from common import tracing
 async def traced(
     tracer: Tracer, headers: Headers, route: str, call: Callable[[], Awaitable[Response]]
 ) -> Response:
-    parent = tracing.extracted(headers.get("traceparent"), headers.get("tracestate"))
+    traceparent = headers.get("traceparent")
+    parent = tracing.extracted(traceparent, headers.get("tracestate")) if traceparent else None
     span = tracer.start_span(
         f"POST {route}",
         context=parent,
         kind=SpanKind.SERVER,
         attributes={"http.request.method": "POST", "http.route": route},
     )
+    if not span.is_recording():  # not sampled: nothing below it traces, as none is current
+        return await call()
     token = otel_context.attach(trace.set_span_in_context(span, parent))
+    marked = tracing.recording_here()
     streaming = False
     try:
         response = await call()
@@ -50,6 +54,7 @@ async def traced(
         span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
         raise
     finally:
+        tracing.not_recording(marked)
         otel_context.detach(token)
         if not streaming:
             span.end()
@@ -81,9 +86,6 @@ def describe(request_id: str, model: str, priority: int) -> None:
 def trace_exemplar(tracer: Tracer | None) -> dict[str, str] | None:
     """The current span's ids as a histogram exemplar (shown in the OpenMetrics exposition,
     so a dashboard jumps from a slow bucket to a trace); None untraced or unsampled."""
-    if tracer is None:
-        return None
-    context = trace.get_current_span().get_span_context()
-    if not context.trace_flags.sampled:
+    if tracer is None or not tracing.recording():
         return None
     return tracing.log_ids(trace.get_current_span())

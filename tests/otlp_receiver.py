@@ -1,8 +1,9 @@
 """A real OTLP/HTTP trace receiver on loopback, for tests that trace real processes.
 
-It takes what the SDK's OTLP exporter sends (`POST /v1/traces`, protobuf), decodes it with
-the OpenTelemetry protocol's own generated classes (`opentelemetry-proto`) and keeps every
-span as a plain `Received` record; `tree` renders one trace as text (what docs/operations.md
+It takes what the SDK's OTLP exporter sends (`POST /v1/traces`, protobuf), keeps the bytes,
+and decodes them when asked (so a benchmark's exporters are not slowed by it) with the
+OpenTelemetry protocol's own generated classes (`opentelemetry-proto`), every span a plain
+`Received` record; `tree` renders one trace as text (what docs/operations.md
 shows). Nothing here builds a span: what the receiver holds is what the processes exported.
 """
 
@@ -46,7 +47,8 @@ def _attributes(pairs: Any) -> dict[str, Any]:
 
 class Receiver:
     def __init__(self) -> None:
-        self.spans: list[Received] = []
+        self._spans: list[Received] = []
+        self._raw: list[bytes] = []
         self.requests = 0
         self._lock = threading.Lock()
         receiver = self
@@ -57,7 +59,7 @@ class Receiver:
                 if self.path != "/v1/traces":
                     self.send_error(404)
                     return
-                receiver.take(ExportTraceServiceRequest.FromString(body))
+                receiver.take(body)
                 answer = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
@@ -73,45 +75,54 @@ class Receiver:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
-    def take(self, request: ExportTraceServiceRequest) -> None:
-        out = []
-        for resource_spans in request.resource_spans:
-            resource = _attributes(resource_spans.resource.attributes)
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    out.append(
-                        Received(
-                            name=span.name,
-                            service=resource.get("service.name", ""),
-                            instance=resource.get("service.instance.id", ""),
-                            trace_id=span.trace_id.hex(),
-                            span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            kind=span.kind,
-                            start_ns=span.start_time_unix_nano,
-                            end_ns=span.end_time_unix_nano,
-                            attributes=_attributes(span.attributes),
-                            events=[(e.name, _attributes(e.attributes)) for e in span.events],
-                            links=[
-                                (link.trace_id.hex(), link.span_id.hex()) for link in span.links
-                            ],
-                        )
-                    )
+    def take(self, body: bytes) -> None:
         with self._lock:
-            self.spans += out
+            self._raw.append(body)
             self.requests += 1
 
-    def trace(self, trace_id: str) -> list[Received]:
+    @property
+    def spans(self) -> list[Received]:
+        """Every span received so far (decoded now)."""
         with self._lock:
-            return [s for s in self.spans if s.trace_id == trace_id]
+            raw, self._raw = self._raw, []
+            for body in raw:
+                self._spans += _decoded(ExportTraceServiceRequest.FromString(body))
+            return list(self._spans)
+
+    def trace(self, trace_id: str) -> list[Received]:
+        return [s for s in self.spans if s.trace_id == trace_id]
 
     def named(self, name: str) -> list[Received]:
-        with self._lock:
-            return [s for s in self.spans if s.name == name]
+        return [s for s in self.spans if s.name == name]
 
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _decoded(request: ExportTraceServiceRequest) -> list[Received]:
+    out = []
+    for resource_spans in request.resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                out.append(
+                    Received(
+                        name=span.name,
+                        service=resource.get("service.name", ""),
+                        instance=resource.get("service.instance.id", ""),
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex(),
+                        kind=span.kind,
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        attributes=_attributes(span.attributes),
+                        events=[(e.name, _attributes(e.attributes)) for e in span.events],
+                        links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
+                    )
+                )
+    return out
 
 
 def tree(spans: list[Received]) -> str:

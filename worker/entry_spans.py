@@ -45,7 +45,8 @@ class EntrySpans:
             context=parent,
             kind=SpanKind.CONSUMER,
             start_time=min(entry.enqueued_ms, now_ms) * NS_PER_MS,
-            attributes=facts,
+            # the rest is on `process entry`: each attribute costs every span it is on
+            attributes={"microbatch.worker": self._worker, "microbatch.deliveries": deliveries},
         )
         queued.end(now_ms * NS_PER_MS)
         rows = len(entry.lengths) // 4 if hasattr(entry, "lengths") else 1
@@ -81,8 +82,11 @@ class EntrySpans:
         compute_s: float,
         attributes: dict[str, int | str],
     ) -> None:
-        """One micro-batch: its own trace, linked to each member entry's span."""
+        """One micro-batch: its own trace, linked to each member entry's span; none for a
+        batch of untraced entries (nothing would lead to it)."""
         links = [Link(s.get_span_context()) for s in members if s is not None]
+        if not links:
+            return
         for member in members:
             if member is not None:
                 member.add_event("batch", {"microbatch.batch_id": batch_id})

@@ -176,7 +176,7 @@ class Intake:
                 continue
             # Prompts past the largest bucket share it; embedding inputs never get there.
             bucket = bucket_for(entry.longest, buckets) or buckets[-1]
-            span = self._spans.read(entry, item.stream, count) if self._spans else None
+            span = self._spans.read(entry, item.stream, count) if self._traced(entry) else None
             self._leases.take((item.stream, item.entry_id), entry.id, span)
             held = Held(entry, item.stream, item.entry_id, self._clock(), bucket, count, span)
             self._loop.hold(held)
@@ -186,8 +186,12 @@ class Intake:
     def _refused(
         self, item: streams.StreamEntry, entry: Entry, count: int, event: str, why: str
     ) -> None:
-        if self._spans is not None:
+        if self._spans is not None and self._traced(entry):
             self._spans.refused(entry, item.stream, count, event, why)
+
+    def _traced(self, entry: Entry) -> bool:
+        """Tracing is on here and the request that queued it was sampled."""
+        return self._spans is not None and bool(entry.traceparent)
 
     async def _cancelled(self, entry_ids: list[str], now_ms: int) -> set[str]:
         """Those of `entry_ids` whose clients already left; none if Redis cannot say (the

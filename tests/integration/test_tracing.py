@@ -322,3 +322,28 @@ def test_what_befalls_an_entry_is_an_event_and_its_log_line_names_its_trace(
     (failed,) = [r for r in caplog.records if r.getMessage().startswith("input failed")]
     assert failed.trace_id == f"{2:032x}"  # type: ignore[attr-defined]
     assert failed.span_id == format_span_id(by_trace[f"{2:032x}"].context.span_id)  # type: ignore[attr-defined]
+
+
+def test_a_request_its_client_did_not_sample_is_traced_nowhere(traced: Traced) -> None:
+    """The parent's sampled flag off: the gateway's span is not recorded, so nothing under it
+    is made, its entries carry no context (untraced on the wire and on the worker), and no
+    trace id is returned that no backend will ever hold."""
+    trace_id = "4" * 32
+    headers = {"traceparent": f"00-{trace_id}-{PARENT}-00"}
+    answer = httpx.post(
+        f"{traced.url}/v1/embeddings", json={"model": "noop", "input": "q"}, headers=headers
+    )
+    assert answer.status_code == 200 and "traceparent" not in answer.headers
+    answered = httpx.post(f"{traced.url}/v1/embeddings", json={"model": "noop", "input": "r"})
+    wait_until(  # a request after it, traced: once its spans are in, the first one's would be
+        lambda: traced.spans(answered.headers["traceparent"].split("-")[1]),
+        10,
+        "the next request's spans",
+        until=lambda spans: any(s.name == "process entry" for s in spans),
+    )
+    assert traced.spans(trace_id) == []
+    batch_id = answer.headers["x-microbatch-batch-id"]
+    assert not [  # nor a batch span of its own: nothing would lead to it
+        s for s in traced.worker.get_finished_spans()
+        if s.name == "batch" and s.attributes["microbatch.batch_id"] == batch_id
+    ]  # fmt: skip
