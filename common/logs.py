@@ -2,8 +2,9 @@
 
 Call sites pass context as `extra={...}`; every extra field lands in the JSON line (or after
 the message as key=value), so a request can be followed by its `request_id` from the gateway
-through the worker's batch line. `auto` picks text for a terminal and JSON for anything else
-(a container's log collector, a file), which is what each reader expects.
+through the worker's batch line, and, traced, to its trace by `trace_id` and `span_id`.
+`auto` picks text for a terminal and JSON for anything else (a container's log collector, a
+file), which is what each reader expects.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import logging
 import sys
 import time
+
+from opentelemetry.trace import format_span_id, format_trace_id, get_current_span
 
 # Attributes every LogRecord has; anything else on a record came from `extra`.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -51,6 +54,21 @@ class TextFormatter(logging.Formatter):
         return f"{text}  {' '.join(extras)}" if extras else text
 
 
+class TraceIds(logging.Filter):
+    """A line about a request (it has a `request_id`) carries the `trace_id` and `span_id`
+    of the recorded span current where it is logged (the gateway's server span); a line
+    that names them itself (a worker's, about an entry) keeps its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "request_id", None) is None or hasattr(record, "trace_id"):
+            return True
+        context = get_current_span().get_span_context()
+        if context.is_valid and context.trace_flags.sampled:
+            record.trace_id = format_trace_id(context.trace_id)
+            record.span_id = format_span_id(context.span_id)
+        return True
+
+
 def resolve_format(fmt: str, stream: object = None) -> str:
     """`auto`: text on a terminal, JSON elsewhere."""
     if fmt != "auto":
@@ -66,6 +84,7 @@ def setup_logging(level: str, fmt: str = "auto") -> None:
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter())
+    handler.addFilter(TraceIds())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -34,6 +34,8 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from common.message_checks import MAX_TRACESTATE
+
 ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 # whether the span current in this task is being recorded: one lookup where asking the OTel
 # context takes six calls, asked at every step of every request, sampled or not
@@ -170,7 +172,10 @@ def carrier(context: Context | None = None) -> TraceContext:
         return UNTRACED
     out: dict[str, str] = {}
     W3C.inject(out, context)
-    return TraceContext(out.get("traceparent", ""), out.get("tracestate", ""))
+    state = out.get("tracestate", "")
+    # the SDK keeps up to 32 members of 256 characters; an entry carries at most what W3C
+    # asks every hop to pass on, so a longer state is dropped whole, as the spec allows
+    return TraceContext(out.get("traceparent", ""), state if len(state) <= MAX_TRACESTATE else "")
 
 
 def extracted(traceparent: str | None, tracestate: str | None = None) -> Context:

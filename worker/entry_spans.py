@@ -66,13 +66,14 @@ class EntrySpans:
             span.add_event("redelivered", {"deliveries": deliveries})
         return span
 
-    def refused(self, entry: Entry, stream: str, deliveries: int, event: str, why: str) -> None:
+    def refused(self, entry: Entry, stream: str, deliveries: int, event: str, why: str) -> Span:
         """An entry answered at read without running (refused, past its deadline,
-        dead-lettered): its spans, with the reason."""
+        dead-lettered): its spans, with the reason, ended."""
         span = self.read(entry, stream, deliveries)
         span.add_event(event, {"reason": why})
         span.set_status(Status(StatusCode.ERROR, why))
         span.end()
+        return span
 
     def batch(
         self,

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from redis.exceptions import RedisError, ResponseError
 
-from common import metrics, streams
+from common import metrics, streams, tracing
 from common.backoff import Backoff, until_ok
 from common.buckets import bucket_for
 from common.clock import wall_ms
@@ -185,9 +185,11 @@ class Intake:
 
     def _refused(
         self, item: streams.StreamEntry, entry: Entry, count: int, event: str, why: str
-    ) -> None:
-        if self._spans is not None and self._traced(entry):
-            self._spans.refused(entry, item.stream, count, event, why)
+    ) -> dict[str, str]:
+        """Its spans, when traced; the ids a log line about it carries."""
+        if self._spans is None or not self._traced(entry):
+            return {}
+        return tracing.log_ids(self._spans.refused(entry, item.stream, count, event, why))
 
     def _traced(self, entry: Entry) -> bool:
         """Tracing is on here and the request that queued it was sampled."""
@@ -213,17 +215,18 @@ class Intake:
         decision: triage.DeadLetter,
         replies: list[Reply],
     ) -> None:
-        request_id = decision.entry.request_id if decision.entry else None
+        entry = decision.entry
+        traced = (
+            self._refused(item, entry, count, "dead_lettered", decision.reason) if entry else {}
+        )
         log.error(
             "dead-lettering %s from %s: %s",
             item.entry_id,
             item.stream,
             decision.reason,
-            extra={"request_id": request_id},
+            extra={"request_id": entry.request_id if entry else None} | traced,
         )
         metrics.dead_letters_total.inc()
-        if decision.entry is not None:
-            self._refused(item, decision.entry, count, "dead_lettered", decision.reason)
         letter = DeadLetter(
             stream=item.stream,
             entry_id=item.entry_id,

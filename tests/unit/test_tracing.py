@@ -3,6 +3,8 @@ built with the SDK's in-memory exporter (no Redis, no model)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -12,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 
 from common import tracing
-from common.protocol import RequestEntry, pack_rows
+from common.protocol import RequestEntry, decode, encode, pack_rows
 from worker import entry_spans
 from worker.entry_spans import EntrySpans
 from worker.leases import Leases
@@ -166,3 +168,15 @@ def test_a_lease_gives_back_its_span_once_released() -> None:
     leases.take(("s", "2-0"), "e.1")  # untraced
     assert leases.release([("s", "1-0"), ("s", "2-0"), ("s", "3-0")]) == ["span-a"]
     assert leases.release([("s", "1-0")]) == [] and len(leases) == 0
+
+
+def test_a_client_tracestate_too_long_for_an_entry_is_dropped_not_the_entry() -> None:
+    provider, _ = _provider()
+    long_state = ",".join(f"v{i}=" + "x" * 20 for i in range(30))  # 30 members, 750 chars
+    parent = tracing.extracted(CLIENT, long_state)
+    with provider.get_tracer("t").start_as_current_span("server", context=parent):
+        marked = tracing.recording_here()
+        carried = tracing.carrier()
+        tracing.not_recording(marked)
+    assert carried.traceparent and carried.tracestate == ""
+    decode(encode(dataclasses.replace(_entry(0), **carried._asdict())))  # a valid entry
