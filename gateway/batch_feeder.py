@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from redis.exceptions import RedisError
@@ -27,9 +28,17 @@ RunFactory = Callable[[str, asyncio.Event], BatchRun]
 
 
 class BatchFeeder:
-    def __init__(self, records: BatchRecords, runs: RunFactory, holder: str, lease_ms: int) -> None:
+    def __init__(
+        self,
+        records: BatchRecords,
+        runs: RunFactory,
+        holder: str,
+        lease_ms: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._records, self._runs = records, runs
         self._holder, self._lease_ms = holder, lease_ms
+        self._clock = clock
         self._driving: dict[str, asyncio.Task[None]] = {}
 
     @property
@@ -96,15 +105,20 @@ class BatchFeeder:
     async def _keep_lease(self, batch_id: str, lost: asyncio.Event) -> None:
         """Renew at a third of the lease; a renewal refused (it lapsed and another took it)
         or failing past the lease's end stops this driver."""
-        every_s = self._lease_ms / 3000
+        every_s, lease_s = self._lease_ms / 3000, self._lease_ms / 1000
+        held_until = self._clock() + lease_s  # taken just now
         while True:
             await asyncio.sleep(every_s)
             try:
                 if not await self._records.renew_lease(batch_id, self._holder, self._lease_ms):
                     lost.set()
                     return
+                held_until = self._clock() + lease_s
             except RedisError as exc:
                 log.warning("renewing the lease of batch %s failed: %s", batch_id, exc)
+                if self._clock() >= held_until:  # it may have lapsed: another may drive now
+                    lost.set()
+                    return
 
 
 def _report(records: list[dict[str, str]]) -> None:

@@ -174,3 +174,17 @@ def test_a_retry_still_waiting_at_its_own_deadline_is_a_409(gateway: str) -> Non
     assert first.status_code == 200
     assert retry.status_code == 409 and retry.headers["retry-after"] == "1"
     assert retry.json()["error"]["code"] == "idempotency_key_in_progress"
+
+
+def test_an_answer_that_is_not_final_is_let_go_and_the_retry_runs_anew(gateway: str) -> None:
+    """A 504 (the 300 ms batch outlasts a 50 ms deadline) is not the request's own fault: the
+    key is let go, so the retry with time to spare runs and is answered, and that answer is
+    the one kept."""
+    body = {"model": "noop", "input": "slow to answer"}
+    url = f"{gateway}/v1/embeddings"
+    hurried = {**headers("k-504"), "x-microbatch-timeout-ms": "50"}
+    assert httpx.post(url, json=body, headers=hurried).status_code == 504
+    retry = httpx.post(url, json=body, headers=headers("k-504"), timeout=30)
+    assert retry.status_code == 200 and "idempotent-replayed" not in retry.headers
+    again = httpx.post(url, json=body, headers=headers("k-504"), timeout=30)
+    assert again.headers.get("idempotent-replayed") == "true" and again.content == retry.content
