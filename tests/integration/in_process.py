@@ -81,6 +81,17 @@ class InProcess:
 
         self._workers.append(self._run(start()))
 
+    def stop_worker(self, index: int = -1) -> None:
+        """Stop one worker (the last started, by default) as SIGTERM would: it drains,
+        leaves, and is gone when this returns."""
+        stop, task = self._workers.pop(index)
+
+        async def ended() -> None:
+            stop.set()
+            await asyncio.wait_for(asyncio.shield(task), 60)
+
+        self._run(ended(), 65)
+
     def _ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.failures.append(task.exception())

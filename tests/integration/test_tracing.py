@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import redis
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -347,3 +348,61 @@ def test_a_request_its_client_did_not_sample_is_traced_nowhere(traced: Traced) -
         s for s in traced.worker.get_finished_spans()
         if s.name == "batch" and s.attributes["microbatch.batch_id"] == batch_id
     ]  # fmt: skip
+
+
+def test_eight_http_requests_batched_together_are_one_batch_span_with_eight_links(
+    redis_server: RedisServer,
+) -> None:
+    """Eight clients, each its own trace, queue while no worker runs (scale from zero: the
+    gateway knows a worker's cold start); the worker that starts reads all eight at once
+    and runs them as one batch, whose span links to each request's entry span."""
+    deployment = InProcess()
+    common = {"redis_url": redis_server.url, "prefix": "traced8", "read_block_ms": 100}
+    (gateway_provider, _), (worker_provider, worker) = _role("gateway"), _role("worker")
+    worker_settings = Settings(
+        **common, model="noop", worker_id="noop8", max_wait_ms=0, max_batch_size=16
+    )
+    try:
+        port = free_port()
+        url = deployment.start_gateway(
+            Settings(**common, port=port, gateway_id=f"g-{port}"),
+            gateway_provider.get_tracer("microbatch"),
+        )
+        deployment.start_worker(worker_settings)  # registers the model and its cold start
+
+        def ready() -> int:
+            return httpx.get(f"{url}/readyz/noop").status_code
+
+        wait_until(ready, 60, "the worker serving", until=lambda status: status == 200)
+        deployment.stop_worker()
+        wait_until(ready, 30, "no worker live", until=lambda status: status == 503)
+
+        async def one(client: httpx.AsyncClient, i: int) -> httpx.Response:
+            headers = {
+                "traceparent": f"00-{i + 100:032x}-{PARENT}-01",
+                "x-microbatch-timeout-ms": "30000",  # past the cold start: it queues
+            }
+            body = {"model": "noop", "input": f"text {i}"}
+            return await client.post(f"{url}/v1/embeddings", json=body, headers=headers)
+
+        async def eight() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                return await asyncio.gather(*(one(client, i) for i in range(8)))
+
+        asked = asyncio.run_coroutine_threadsafe(eight(), deployment.loop)
+        stream = "traced8:{noop}:req:128"
+        store = redis.Redis.from_url(redis_server.url)
+        wait_until(lambda: store.xlen(stream), 10, "eight queued", until=lambda n: n == 8)
+        deployment.start_worker(worker_settings, worker_provider.get_tracer("microbatch"))
+        answers = asked.result(60)
+    finally:
+        deployment.close()
+    assert [a.status_code for a in answers] == [200] * 8
+    assert len({a.headers["x-microbatch-batch-id"] for a in answers}) == 1  # one batch
+    spans = worker.get_finished_spans()
+    (batch,) = [s for s in spans if s.name == "batch"]
+    entries = [s for s in spans if s.name == "process entry"]
+    assert len(batch.links) == 8
+    assert {k.context.span_id for k in batch.links} == {s.context.span_id for s in entries}
+    traces = {format_trace_id(s.context.trace_id) for s in entries}
+    assert traces == {f"{i + 100:032x}" for i in range(8)}
