@@ -114,11 +114,10 @@ def _entries(
     prompts: list[tuple[np.ndarray, int]],  # (prompt tokens, new tokens)
     ask: _Ask,
     shape: Shape,
+    checked: dict[str, Any],  # the stop list and sampling options, validated
 ) -> Submitted:
     start_ms, base = wall_ms(), services.next_id()
     deadline_ms = start_ms + ask.timeout_ms
-    stops = _stops(req)
-    sampling = sampling_fields(req, model.info.vocab_size)
     items, ids, routed, owners = [], [], [], []
     for i, (prompt, n_new) in enumerate(prompts):
         entry = GenerateEntry(
@@ -134,13 +133,12 @@ def _entries(
             temperature=float(req.temperature),
             top_p=float(req.top_p),
             seed=-1 if req.seed is None else req.seed,
-            stop=stops,
             stream=req.stream,
             n=req.candidates,
             logprobs=_scored(req),
             prompt_logprobs=req.prompt_logprobs,
             **ask.trace._asdict(),
-            **sampling,
+            **checked,
         )
         names = services.affinity_names(model.info, prompt.tolist(), ask.session)
         stream, worker = services.generation_stream(model.info.name, len(prompt), names)
@@ -185,8 +183,7 @@ async def serve_generation(
 
 async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
-    call = parsed.call
-    request_id = call.request_id
+    call, request_id = parsed.call, parsed.call.request_id
     with tracing.span(services.tracer, "prompt"):  # rendered and tokenized
         prompts = await prepare(services, model, req)
     tokens = _within_limits(services, req, prompts)
@@ -199,6 +196,8 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         # a schema's first compile (up to tens of ms) on a tokenizer thread, not the loop;
         # remembered, so sampling_fields below finds it compiled
         await services.tokenize.on_pool(grammar_problem, answer_format.type, schema)
+    # the request's own mistakes are 400s before admission can answer it 503
+    checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
     ask = _Ask(request_id, call.priority, call.timeout_ms, session, call.trace)
@@ -212,7 +211,7 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
         candidates=req.candidates,
     )
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
-    sub = _entries(services, model, req, pairs, ask, shape)
+    sub = _entries(services, model, req, pairs, ask, shape, checked)
     if req.stream:
         return stream(services, fmt, model.info.name, request_id, req, sub)
     try:
