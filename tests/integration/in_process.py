@@ -65,10 +65,13 @@ class InProcess:
         server, task = self._servers.pop(url)
         server.should_exit = True
 
-        limit_s = self._drain_s.pop(url) + 30
+        limit_s = self._drain_s.pop(url) + 10
 
         async def ended() -> None:
-            await asyncio.wait_for(asyncio.shield(task), limit_s)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), limit_s)
+            except TimeoutError:  # say what it still waits on, not only that it waits
+                raise AssertionError(f"gateway {url} still stopping: {_waiting()}") from None
 
         self._run(ended(), limit_s + 5)
 
@@ -114,6 +117,16 @@ class InProcess:
         self._thread.join(10)
         if not self._thread.is_alive():
             self.loop.close()  # its self-pipe sockets, which a later gc.collect would warn about
+
+
+def _waiting() -> str:
+    """Every task still pending on this loop, each with the line it waits at."""
+    out = []
+    for task in asyncio.all_tasks():
+        frames = task.get_stack(limit=30)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames[-6:]))
+        out.append(f"{task.get_name()}: {where}")
+    return "\n".join(sorted(out))
 
 
 def _status(url: str) -> int | None:

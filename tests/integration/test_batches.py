@@ -282,11 +282,15 @@ def test_a_batch_past_its_window_expires_with_its_unrun_lines_as_errors(
     assert {u["error"]["code"] for u in unfinished.values()} == {"batch_expired"}
 
 
+# 2,500 lines through the real MiniLM on one gateway, then the rest on another: on a loaded
+# 2-core CI host the whole takes up to a minute and more
+@pytest.mark.timeout(180)
 def test_a_batch_is_resumed_by_another_gateway_when_its_driver_stops(
     fleet, redis_server: RedisServer
 ) -> None:
     deployment, _, config = fleet
-    settings = gateway_settings(config)
+    # it stops within seconds: no client request of its own is in flight to drain
+    settings = gateway_settings(config).model_copy(update={"drain_timeout_s": 2})
     spare = deployment.start_gateway(settings)
     client = client_of(spare)
     lines = embedding_lines(2500, "resume")

@@ -376,6 +376,20 @@ def test_eight_http_requests_batched_together_are_one_batch_span_with_eight_link
         wait_until(ready, 60, "the worker serving", until=lambda status: status == 200)
         deployment.stop_worker()
         wait_until(ready, 30, "no worker live", until=lambda status: status == 503)
+        # the cold start an in-process worker records is the test process's age; a real
+        # worker's is seconds, which is what the gateway lets these requests wait for
+        store = redis.Redis.from_url(redis_server.url)
+        store.set("traced8:{noop}:cold_start", 2000)
+        wait_until(  # the gateway's catalog refresh has seen it
+            lambda: httpx.post(
+                f"{url}/v1/embeddings",
+                json={"model": "noop", "input": "probe"},
+                headers={"x-microbatch-timeout-ms": "1"},
+            ).json()["error"]["message"],
+            30,
+            "the gateway knowing the cold start",
+            until=lambda message: "2000 ms" in message,
+        )
 
         async def one(client: httpx.AsyncClient, i: int) -> httpx.Response:
             headers = {
@@ -391,7 +405,6 @@ def test_eight_http_requests_batched_together_are_one_batch_span_with_eight_link
 
         asked = asyncio.run_coroutine_threadsafe(eight(), deployment.loop)
         stream = "traced8:{noop}:req:128"
-        store = redis.Redis.from_url(redis_server.url)
         wait_until(lambda: store.xlen(stream), 10, "eight queued", until=lambda n: n == 8)
         deployment.start_worker(worker_settings, worker_provider.get_tracer("microbatch"))
         answers = asked.result(60)
