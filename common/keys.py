@@ -55,6 +55,10 @@ class Keys:
     def workers(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:workers"
 
+    def wire(self, model: str) -> str:
+        """Each worker's newest wire version it reads (none: a release from before this)."""
+        return f"{self.prefix}:{{{model}}}:wire"
+
     def reply(self, gateway_id: str) -> str:
         return f"{self.prefix}:reply:{gateway_id}"
 

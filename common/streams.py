@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from common.keys import Keys as Keys
 from common.store import Store, pipeline
+from common.wire_compat import VERSION
 
 GROUP = "workers"
 FIELD = "m"
@@ -219,6 +220,8 @@ async def heartbeat(
     Returns whether the model is still registered: False means Redis lost its data.
     """
     pipe = pipeline(store)
+    # the wire version first: a worker seen live has said what it reads
+    pipe.hset(keys.wire(model), consumer, str(VERSION))
     pipe.zadd(keys.workers(model), {consumer: now_ms})
     pipe.zremrangebyscore(keys.workers(model), 0, now_ms - 60 * stale_ms)
     if load is not None:
@@ -230,7 +233,17 @@ async def heartbeat(
 async def leave(store: Store, keys: Keys, model: str, consumer: str) -> None:
     """Leave the live set. A generation worker's load entry stays: it tells peers which
     affinity stream to drain until no gateway can still route there (`forget_affinity`)."""
-    await store.zrem(keys.workers(model), consumer)
+    pipe = pipeline(store)
+    pipe.zrem(keys.workers(model), consumer)
+    pipe.hdel(keys.wire(model), consumer)
+    await pipe.execute()
+
+
+async def wire_versions(store: Store, keys: Keys, model: str) -> dict[str, int]:
+    """The newest wire version each worker of `model` said it reads (a worker of an older
+    release says nothing)."""
+    raw = await store.hgetall(keys.wire(model))
+    return {as_text(name): int(version) for name, version in raw.items()}
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ CHANGES: dict[int, Change] = {
         }
     ),
 }
+TRACE_CONTEXT = 7  # entries carry their trace context from this version on
 VERSION = max(CHANGES)
 PREVIOUS = VERSION - 1
 OLDEST = PREVIOUS - 1  # what the previous release wrote whenever it could

@@ -25,6 +25,7 @@ from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
 from common.store import Store
 from common.tasks import spawn_supervised
+from common.wire_compat import TRACE_CONTEXT
 from gateway.tokenize import ModelTokenizer
 
 log = logging.getLogger("microbatch.gateway")
@@ -38,6 +39,10 @@ class ModelEntry:
     depth: int = 0  # waiting + in progress, all buckets
     service_rate_per_s: float | None = None  # see DeliveryRate; None when not trustworthy
     cold_start_ms: int | None = None  # a worker's last measured start; None: never measured
+    # every live worker reads entries that carry a trace context (a worker of the release
+    # before would answer such an entry 503 version_mismatch): in a rolling update, traced
+    # requests queue untraced entries until the last old worker is gone
+    traced_entries: bool = False
 
 
 Counters = dict[int, int]  # bucket -> XINFO GROUPS entries-read of its stream
@@ -128,6 +133,7 @@ class Catalog:
         self._inflight: asyncio.Task | None = None  # the refresh every caller now awaits
         self._skipped: dict[str, str] = {}  # model -> why its registry entry is unusable
         self._rates: dict[str, DeliveryRate] = {}
+        self._traced: dict[str, bool] = {}  # per model: may entries carry trace context
         # given each generation model's live workers and their loads, every refresh
         self.on_loads: Callable[[str, dict[str, int]], None] | None = None
 
@@ -153,6 +159,15 @@ class Catalog:
         just registered, and a probe wants news no older than that."""
         if time.monotonic() - self._last_refresh >= min_interval_s:
             await self.refresh()
+
+    async def _traced_entries(self, name: str, live: set[str]) -> bool:
+        """Whether a model's entries may carry trace context: when every live worker reads
+        it; with none live (scaled to zero), as when last seen (a worker that starts is most
+        likely this release's, and an old one answers a traced entry 503, never loses it)."""
+        if live:
+            wires = await streams.wire_versions(self._store, self._keys, name)
+            self._traced[name] = all(wires.get(w, 0) >= TRACE_CONTEXT for w in live)
+        return self._traced.get(name, True)
 
     async def _refresh(self) -> None:
         registered = await streams.registered_models(self._store, self._keys)
@@ -188,9 +203,12 @@ class Catalog:
                 time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
             )
             cold = await streams.cold_start_ms(self._store, self._keys, name)
-            models[name] = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate, cold)
+            live = {w.name for w in state.workers if w.live}
+            traced = await self._traced_entries(name, live)
+            models[name] = ModelEntry(
+                info, tokenizer, state.live_workers, state.depth, rate, cold, traced
+            )
             if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
-                live = {w.name for w in state.workers if w.live}
                 loads = await streams.worker_loads(self._store, self._keys, name)
                 self.on_loads(name, {w: r.load for w, r in loads.items() if w in live})
         for entry in list(models.values()):

@@ -20,6 +20,7 @@ import redis
 from common.streams import FIELD, GROUP
 from common.wire_compat import PREVIOUS, VERSION
 from tests.conftest import Processes, wait_ready, wait_until
+from tests.otlp_receiver import Receiver
 from tests.wire.v6 import protocol_v6 as old
 
 KEYS_PREFIX = "mb"
@@ -115,12 +116,18 @@ def test_a_new_gateway_beside_an_old_worker(redis_url: str, processes: Processes
     fields = {k: v for k, v in old_fields(info).items() if k not in ("t", "v")}
     worker = OldWorker(redis_url, old.encode(old.ModelInfo(**fields)))
     worker.thread.start()
+    receiver = Receiver()
     try:
-        gateway = processes.start("gateway", redis_url=redis_url, model="noop")
+        # tracing on, and a traced request: an old worker reads no trace context (wire 7),
+        # so while one is live the gateway queues untraced entries, which it reads
+        otel = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+        gateway = processes.start("gateway", redis_url=redis_url, model="noop", env=otel)
         wait_ready(gateway)
         url = f"{gateway.base_url}/v1/embeddings"
-        answered = httpx.post(url, json={"input": ["a", "b"]}, timeout=30)
+        traced = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        answered = httpx.post(url, json={"input": ["a", "b"]}, headers=traced, timeout=30)
         assert answered.status_code == 200, answered.text
+        assert answered.headers["traceparent"].split("-")[1] == traced["traceparent"][3:35]
         assert [d["embedding"][:2] for d in answered.json()["data"]] == [[0.25, 0.25]] * 2
         assert all(e.v == PREVIOUS for e in worker.read)  # written so the old one reads them
         worker.future = True
@@ -135,6 +142,7 @@ def test_a_new_gateway_beside_an_old_worker(redis_url: str, processes: Processes
         worker.stop.set()
         worker.thread.join(10)
         client.close()
+        receiver.close()
 
 
 def old_fields(info: bytes) -> dict:
