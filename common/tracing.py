@@ -30,7 +30,6 @@ from opentelemetry.trace import (
     Tracer,
     format_span_id,
     format_trace_id,
-    get_current_span,
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -165,13 +164,13 @@ def recording() -> bool:
     return _RECORDING.get()
 
 
-def carrier(context: Context | None = None) -> TraceContext:
-    """The current span's context (or `context`'s), as an entry carries it; none for a span
-    not sampled, so its entries stay untraced on the wire and on the worker."""
-    if not (_RECORDING.get() if context is None else get_current_span(context).is_recording()):
+def carrier() -> TraceContext:
+    """The current span's context, as an entry carries it; none for a span not sampled, so
+    its entries stay untraced on the wire and on the worker."""
+    if not _RECORDING.get():
         return UNTRACED
     out: dict[str, str] = {}
-    W3C.inject(out, context)
+    W3C.inject(out)
     state = out.get("tracestate", "")
     # the SDK keeps up to 32 members of 256 characters; an entry carries at most what W3C
     # asks every hop to pass on, so a longer state is dropped whole, as the spec allows

@@ -77,6 +77,12 @@ class Parsed(Generic[T]):
     name: str
     model: ModelEntry
 
+    @property
+    def entry_trace(self) -> tracing.TraceContext:
+        """What its queue entries carry: the call's trace context, where every live worker
+        of the model reads it (in a rolling update, old workers do not: `ModelEntry`)."""
+        return self.call.trace if self.model.traced_entries else tracing.UNTRACED
+
 
 @dataclass(slots=True)
 class _Tally:

@@ -199,8 +199,8 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     # the request's own mistakes are 400s before admission can answer it 503
     checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
-    trace = call.trace if model.traced_entries else tracing.UNTRACED  # see ModelEntry
-    ask = _Ask(request_id, call.priority, call.timeout_ms, call.session or req.user, trace)
+    session = call.session or req.user
+    ask = _Ask(request_id, call.priority, call.timeout_ms, session, parsed.entry_trace)
     shape = Shape(
         model.tokenizer,
         with_ids=req.return_token_ids,

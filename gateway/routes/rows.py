@@ -18,7 +18,6 @@ from fastapi.responses import Response
 from common.buckets import parts
 from common.clock import wall_ms
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
-from common.tracing import UNTRACED
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
 from gateway.submit import Entries, admit_or_refuse, submit
@@ -61,9 +60,7 @@ class _Parts:
         self._max_rows = min(
             self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
         )
-        # traced entries only where every live worker reads them (a rolling update)
-        traced = parsed.model.traced_entries
-        self._request_id, self._trace = call.request_id, call.trace if traced else UNTRACED
+        self._request_id, self._trace = call.request_id, parsed.entry_trace
         start_ms = wall_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
         self._timeout_ms = call.timeout_ms
