@@ -239,11 +239,15 @@ async def leave(store: Store, keys: Keys, model: str, consumer: str) -> None:
     await pipe.execute()
 
 
-async def wire_versions(store: Store, keys: Keys, model: str) -> dict[str, int]:
+async def wire_versions(store: Store, keys: Keys, model: str, known: set[str]) -> dict[str, int]:
     """The newest wire version each worker of `model` said it reads (a worker of an older
-    release says nothing)."""
-    raw = await store.hgetall(keys.wire(model))
-    return {as_text(name): int(version) for name, version in raw.items()}
+    release says nothing); the entries of workers gone from the `known` set (the live set,
+    stale members included) are deleted, as a worker that died without leaving leaves one."""
+    versions = {as_text(k): int(v) for k, v in (await store.hgetall(keys.wire(model))).items()}
+    gone = [name for name in versions if name not in known]
+    if gone:
+        await store.hdel(keys.wire(model), *gone)
+    return {name: v for name, v in versions.items() if name in known}
 
 
 @dataclass(frozen=True, slots=True)

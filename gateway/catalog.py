@@ -160,12 +160,12 @@ class Catalog:
         if time.monotonic() - self._last_refresh >= min_interval_s:
             await self.refresh()
 
-    async def _traced_entries(self, name: str, live: set[str]) -> bool:
+    async def _traced_entries(self, name: str, live: set[str], known: set[str]) -> bool:
         """Whether a model's entries may carry trace context: when every live worker reads
         it; with none live (scaled to zero), as when last seen (a worker that starts is most
         likely this release's, and an old one answers a traced entry 503, never loses it)."""
         if live:
-            wires = await streams.wire_versions(self._store, self._keys, name)
+            wires = await streams.wire_versions(self._store, self._keys, name, known)
             self._traced[name] = all(wires.get(w, 0) >= TRACE_CONTEXT for w in live)
         return self._traced.get(name, True)
 
@@ -204,7 +204,8 @@ class Catalog:
             )
             cold = await streams.cold_start_ms(self._store, self._keys, name)
             live = {w.name for w in state.workers if w.live}
-            traced = await self._traced_entries(name, live)
+            known = {w.name for w in state.workers}
+            traced = await self._traced_entries(name, live, known)
             models[name] = ModelEntry(
                 info, tokenizer, state.live_workers, state.depth, rate, cold, traced
             )
