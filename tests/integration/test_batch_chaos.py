@@ -4,39 +4,22 @@ gets online (embeddings within 1e-5, greedy chat token for token)."""
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 from openai import OpenAI
 
 from tests.conftest import Processes, RedisServer, wait_ready, wait_until, wait_workers
+from tests.integration.batch_client import outputs, upload
 
 # 1,500 lines in the suite (a third of its slowest test's time); the issue's figure is the
 # same test at 5,000: CHAOS_LINES=5000 pytest tests/integration/test_batch_chaos.py
 LINES = int(os.environ.get("CHAOS_LINES", "1500"))
 CHATS = 40
 PREFIX = "mbchaos"
-
-
-def upload(client: OpenAI, lines: list[dict]) -> str:
-    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
-
-
-def outputs(client: OpenAI, batch_id: str) -> dict[str, dict]:
-    batch = client.batches.retrieve(batch_id)
-    seen: list[dict] = []
-    for file_id in (batch.output_file_id, batch.error_file_id):
-        if file_id is not None:
-            seen += [orjson.loads(x) for x in client.files.content(file_id).text.splitlines()]
-    by_id = {line["custom_id"]: line for line in seen}
-    assert len(by_id) == len(seen), "a custom_id answered twice"
-    return by_id
 
 
 # thousands of lines on real models through two kills and a restart: longer than one scenario

@@ -4,17 +4,16 @@ online request is never queued behind a file's worth of lines (a stream is FIFO)
 
 from __future__ import annotations
 
-import io
 import threading
 from collections.abc import Iterator
 
-import orjson
 import pytest
 import redis
 from openai import OpenAI
 
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
+from tests.integration.batch_client import finished, upload
 from tests.integration.in_process import InProcess
 
 PREFIX = "mbgate"
@@ -46,8 +45,7 @@ def test_a_batch_never_fills_the_queue_past_its_depth(
         {"custom_id": f"g{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
         for i in range(200)
     ]
-    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    file_id = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch").id
+    file_id = upload(client, lines)
     r = redis.Redis.from_url(redis_server.url)
     streams = [f"{PREFIX}:{{noop}}:req:{bucket}" for bucket in (128, 256, 512)]
     deepest, done = 0, threading.Event()
@@ -63,16 +61,11 @@ def test_a_batch_never_fills_the_queue_past_its_depth(
         batch = client.batches.create(
             input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h"
         )
-        batch = wait_until(
-            lambda: client.batches.retrieve(batch.id),
-            60,
-            "the batch completed",
-            until=lambda b: b.status == "completed",
-            interval_s=0.1,
-        )
+        batch = finished(client, batch.id, 60, interval_s=0.1)
     finally:
         done.set()
         watcher.join()
+    assert batch.status == "completed", batch
     assert batch.request_counts.completed == 200
     # one reading serves the lines starting within 20 ms, each counted as it goes: a line
     # or two over the bound may slip in while a reading is that old

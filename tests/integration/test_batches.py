@@ -23,6 +23,7 @@ from common.cli import app
 from common.settings import Settings
 from gateway.auth import owner_of
 from tests.conftest import RedisServer, free_port, wait_until
+from tests.integration.batch_client import finished, results, upload
 from tests.integration.in_process import InProcess
 from tests.integration.test_observability import sample
 from tests.openai import schema_errors
@@ -75,11 +76,6 @@ def client_of(url: str, key: str = KEY) -> OpenAI:
     return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
-def upload(client: OpenAI, lines: list[dict]) -> str:
-    data = b"".join(orjson.dumps(line) + b"\n" for line in lines)
-    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
-
-
 def embedding_lines(n: int, tag: str = "line") -> list[dict]:
     return [
         {
@@ -90,26 +86,6 @@ def embedding_lines(n: int, tag: str = "line") -> list[dict]:
         }
         for i in range(n)
     ]
-
-
-def finished(client: OpenAI, batch_id: str, timeout_s: float = 120):
-    return wait_until(
-        lambda: client.batches.retrieve(batch_id),
-        timeout_s,
-        f"batch {batch_id} finished",
-        until=lambda b: b.status in TERMINAL,
-        interval_s=0.2,
-    )
-
-
-def results(client: OpenAI, file_id: str | None) -> dict[str, dict]:
-    if file_id is None:
-        return {}
-    text = client.files.content(file_id).text
-    out = [json.loads(line) for line in text.splitlines()]
-    by_id = {line["custom_id"]: line for line in out}
-    assert len(by_id) == len(out), "a custom_id appears twice"
-    return by_id
 
 
 def answering(client: OpenAI, lines: list[dict]):
