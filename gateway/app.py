@@ -179,19 +179,22 @@ def _timeout_ms(scope: dict[str, Any], settings: Settings) -> int:
         return settings.request_timeout_ms
 
 
-def _background(services: Services, feeder: BatchFeeder) -> list[asyncio.Task[Any]]:
-    """The gateway's background tasks; the death of any one fails /healthz."""
+def _background(
+    services: Services, feeder: BatchFeeder
+) -> tuple[asyncio.Task[Any], list[asyncio.Task[Any]]]:
+    """The gateway's background tasks, the batch feeder apart (it stops first); the death of
+    any one fails /healthz."""
     stop = services.stop
-    return [
+    batches = spawn_supervised(
+        "batch-feeder",
+        feeder.run(services.batches_stop, services.batches_changed),
+        services.on_death_of("batch feeder"),
+    )
+    return batches, [
         spawn_supervised(
             "reply-reader", services.router.run(stop), services.on_death_of("reply reader")
         ),
         spawn_supervised("catalog", services.catalog.run(stop), services.on_death_of("catalog")),
-        spawn_supervised(
-            "batch-feeder",
-            feeder.run(stop, services.batches_changed),
-            services.on_death_of("batch feeder"),
-        ),
     ]
 
 
@@ -202,12 +205,16 @@ def create_app(settings: Settings, store: Store, tracer: Tracer | None = None) -
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await services.catalog.refresh()
-        tasks = _background(services, app.state.feeder)
+        batches, tasks = _background(services, app.state.feeder)
         try:
             yield
         finally:
-            services.stop.set()
+            # the batches first, while the reply reader still runs: their drivers hang up
+            # on the lines in flight, which need it to end; then everything else
+            services.batches_stop.set()
             services.batches_changed.set()  # the feeder waits on it
+            await asyncio.gather(batches, return_exceptions=True)
+            services.stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await services.router.leave()
             services.tokenize.close()

@@ -40,6 +40,7 @@ class BatchFeeder:
         self._holder, self._lease_ms = holder, lease_ms
         self._clock = clock
         self._driving: dict[str, asyncio.Task[None]] = {}
+        self._lost: dict[str, asyncio.Event] = {}  # per batch driven: set, its driver stops
 
     @property
     def driving(self) -> list[str]:
@@ -62,10 +63,24 @@ class BatchFeeder:
                     await asyncio.wait_for(changed.wait(), self._lease_ms / 4000)
                 changed.clear()
         finally:
-            tasks = list(self._driving.values())
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._hand_back()
+
+    async def _hand_back(self) -> None:
+        """On stop: tell each driver its lease is gone (it hangs up on its lines in flight
+        and feeds no more), give them a lease's time, then cancel what is left. Never an
+        endless wait: a lease not released lapses, and another gateway resumes the batch
+        from its results."""
+        tasks = list(self._driving.values())
+        for lost in self._lost.values():
+            lost.set()
+        if not tasks:
+            return
+        _, stuck = await asyncio.wait(tasks, timeout=self._lease_ms / 1000)
+        for task in stuck:
+            task.cancel()
+        if stuck:
+            log.warning("%d batch drivers did not stop within a lease; cancelled", len(stuck))
+            await asyncio.wait(stuck, timeout=self._lease_ms / 1000)
 
     async def _take_up(self) -> None:
         records = await self._records.active_records()
@@ -90,7 +105,7 @@ class BatchFeeder:
         return ended
 
     async def _drive(self, batch_id: str) -> None:
-        lost = asyncio.Event()
+        lost = self._lost[batch_id] = asyncio.Event()
         keeper = spawn_supervised(
             f"batch {batch_id} lease", self._keep_lease(batch_id, lost), lambda exc: lost.set()
         )
@@ -99,6 +114,7 @@ class BatchFeeder:
         finally:
             keeper.cancel()
             self._driving.pop(batch_id, None)
+            self._lost.pop(batch_id, None)
             with contextlib.suppress(RedisError):
                 await self._records.release_lease(batch_id, self._holder)
 

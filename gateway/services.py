@@ -67,6 +67,7 @@ class Services:
         self.batch_records = BatchRecords(store, self.keys)
         self.batches_changed = asyncio.Event()  # a batch created or cancelled here: look now
         self.stop = asyncio.Event()
+        self.batches_stop = asyncio.Event()  # set first on shutdown: hand batches back
         self.alive = True  # false once a background task died: /healthz fails, requests 503
         self._nonce = os.urandom(4).hex()
         self._counter = itertools.count()
@@ -116,7 +117,7 @@ class Services:
         stops: every waiter fails now, not at its deadline, and /healthz fails for a restart."""
 
         def died(exc: BaseException | None) -> None:
-            if not self.stop.is_set():
+            if not self.batches_stop.is_set():  # set first when the gateway stops
                 self.alive = False
                 error = ServiceUnavailable(f"gateway {task} died", retry_after_s=1.0)
                 self.router.fail_all(error)

@@ -157,3 +157,37 @@ def test_renewals_failing_past_the_lease_stop_the_driver_and_a_shorter_outage_do
         assert run.stopped_by_loss is (outage_ms >= LEASE_MS)
 
     asyncio.run(_running(feeder, body))
+
+
+class Stubborn(Run):
+    """A driver stuck on lines that never come back (a post whose route no longer hears its
+    client hang up): it ignores its lost lease and swallows the first cancellation too."""
+
+    async def drive(self) -> None:
+        self.starts += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.Event().wait()  # as a `finally` that awaits its lines in flight
+
+
+def test_a_stopping_gateway_hands_its_batches_back_and_never_waits_on_a_driver_forever() -> None:
+    async def scenario() -> None:
+        records, polite, stubborn = Records("batch_e", "batch_f"), Run(), Stubborn()
+        feeder = BatchFeeder(
+            records,
+            lambda batch_id, lost: (polite if batch_id == "batch_e" else stubborn)(batch_id, lost),  # type: ignore[arg-type]
+            "gw-1",
+            LEASE_MS,
+        )
+        stop, changed = asyncio.Event(), asyncio.Event()
+        task = asyncio.ensure_future(feeder.run(stop, changed))
+        await _until(lambda: polite.starts == 1 and stubborn.starts == 1)
+        stop.set()
+        changed.set()
+        async with asyncio.timeout(10 * LEASE_MS / 1000):  # two leases' time at most
+            await task
+        assert polite.stopped_by_loss  # told its lease is gone: it stopped by itself
+        assert records.leases == {"batch_f": "gw-1"}  # the stuck one's lapses on its own
+
+    asyncio.run(scenario())
