@@ -335,13 +335,9 @@ def test_a_request_its_client_did_not_sample_is_traced_nowhere(traced: Traced) -
         f"{traced.url}/v1/embeddings", json={"model": "noop", "input": "q"}, headers=headers
     )
     assert answer.status_code == 200 and "traceparent" not in answer.headers
-    answered = httpx.post(f"{traced.url}/v1/embeddings", json={"model": "noop", "input": "r"})
-    wait_until(  # a request after it, traced: once its spans are in, the first one's would be
-        lambda: traced.spans(answered.headers["traceparent"].split("-")[1]),
-        10,
-        "the next request's spans",
-        until=lambda spans: any(s.name == "process entry" for s in spans),
-    )
+    # the answer came after everything that would have traced it: a gateway span ends
+    # before its answer is sent, an entry span starts at read, and a batch span is exported
+    # before its replies are published (the exporters here are synchronous)
     assert traced.spans(trace_id) == []
     batch_id = answer.headers["x-microbatch-batch-id"]
     assert not [  # nor a batch span of its own: nothing would lead to it
