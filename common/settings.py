@@ -165,12 +165,14 @@ class Settings(GatewaySettings, BatchSettings, BaseSettings):
         description="`torch` backend: run the encoder or classifier as a checked TorchScript "
         "trace; `false` = eager",
     )
-    # bfloat16 runs several times faster on a GPU or an AMX CPU, with answers within about
-    # 1e-2 of float32: the operator's choice, never ours.
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32",
-        description="encoder and classifier weights and compute: `float32` (exact), "
-        "`bfloat16` or `float16` (`torch` backend; see [Precision](#precision))",
+    # bfloat16 runs several times faster on a GPU or an AMX CPU. An encoder's answers move by
+    # about 1e-2, so there it is the operator's choice; generation decodes memory-bound and
+    # `auto` takes it where the kernels are (worker/precision.py).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="weights and compute: `auto` (float32 for encoders and classifiers; "
+        "bfloat16 for causal LMs on CUDA or a CPU with AMX or AVX-512 BF16, else float32), "
+        "`float32`, `bfloat16` or `float16` (see [Precision](#precision))",
     )
     onnx_cache_dir: str = Field(
         default="~/.cache/microbatch/onnx",

@@ -99,7 +99,7 @@ def _rules(s: Checked) -> list[tuple[bool, str]]:
         (s.quantize == "int8" and s.backend != "onnx", "quantize int8 needs backend onnx"),
         # the exported graph is float32: a half-precision ask would be silently ignored
         (
-            s.dtype != "float32" and s.backend != "torch",
+            s.dtype in ("bfloat16", "float16") and s.backend != "torch",
             f"dtype {s.dtype} needs backend torch (onnx runs float32)",
         ),
         # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves

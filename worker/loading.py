@@ -27,6 +27,7 @@ class LoadedModel:
     runner: Runner | GenerationEngine
     max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
     kind: ModelKind = ModelKind.EMBEDDING
+    dtype: str = "float32"  # what it computes in: `settings.dtype` with `auto` resolved
 
 
 def load_model(settings: Settings) -> LoadedModel:
@@ -35,12 +36,7 @@ def load_model(settings: Settings) -> LoadedModel:
     if files.causal_lm and settings.model != NOOP_MODEL:
         from worker.generate.engine import GenerationEngine
 
-        if settings.dtype != "float32":  # refused, never silently served in float32
-            raise RuntimeError(
-                f"{files.name} is a causal LM; dtype {settings.dtype} applies to encoders and "
-                "classifiers, generation runs float32 (kv_cache_dtype sets its cache)"
-            )
-
+        dtype = _dtype(settings, causal_lm=True)
         engine = GenerationEngine(
             files.path,
             device=settings.device,
@@ -48,21 +44,32 @@ def load_model(settings: Settings) -> LoadedModel:
             kv_tokens=settings.kv_cache_tokens,
             block_size=settings.kv_block_size,
             prefix_caching=settings.prefix_caching,
+            dtype=dtype,
             kv_dtype=settings.kv_cache_dtype,
         )
-        return LoadedModel(files, engine, engine.context, ModelKind.CAUSAL_LM)
+        return LoadedModel(files, engine, engine.context, ModelKind.CAUSAL_LM, dtype)
     if files.classifier and settings.model != NOOP_MODEL:
         return LoadedModel(
             files,
             classifier_runner(settings, files),
             min(files.max_tokens, settings.max_tokens),
             ModelKind.CLASSIFIER,
+            _dtype(settings, causal_lm=False),
         )
     if settings.model == NOOP_MODEL:
         runner: Runner = NoopRunner(settings.noop_dim, settings.noop_compute_ms)
     else:
         runner = encoder_runner(settings, files)
-    return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens))
+    dtype = "float32" if settings.model == NOOP_MODEL else _dtype(settings, causal_lm=False)
+    return LoadedModel(files, runner, min(files.max_tokens, settings.max_tokens), dtype=dtype)
+
+
+def _dtype(settings: Settings, *, causal_lm: bool) -> str:
+    from worker.precision import host_hardware, serving_dtype
+
+    return serving_dtype(
+        settings.dtype, causal_lm=causal_lm, device=settings.device, hardware=host_hardware()
+    )
 
 
 def encoder_runner(settings: Settings, files: ModelFiles) -> Runner:
@@ -101,7 +108,7 @@ def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
         files,
         device=settings.device,
         threads=settings.torch_threads,
-        dtype=settings.dtype,
+        dtype=_dtype(settings, causal_lm=False),
         torchscript=settings.torchscript,
     )
 
@@ -112,7 +119,7 @@ def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
         device=settings.device,
         threads=settings.torch_threads,
         torchscript=settings.torchscript,
-        dtype=settings.dtype,
+        dtype=_dtype(settings, causal_lm=False),
     )
 
 

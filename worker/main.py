@@ -58,7 +58,9 @@ async def register(store: Store, settings: Settings, model: LoadedModel) -> None
         bos_token=model.files.bos_token,
         eos_token=model.files.eos_token,
         aliases=settings.served_model_name[1:],
-        fingerprint=model.files.fingerprint(f"microbatch {_version()} {settings.backend}"),
+        fingerprint=model.files.fingerprint(
+            f"microbatch {_version()} {settings.backend} {model.dtype}"
+        ),
         labels=list(model.files.labels) if model.kind == ModelKind.CLASSIFIER else [],
         activation=model.files.activation if model.kind == ModelKind.CLASSIFIER else "",
         **embedding_options(settings, model),
@@ -195,7 +197,10 @@ async def run_worker(
             backoff=Backoff(first_s=0.5, cap_s=0.5),
         )
         await _record_cold_start(store, settings)
-        log.info("worker %s serving %s as %s", consumer.name, settings.model, settings.served_name)
+        log.info(
+            "worker %s serving %s as %s in %s",
+            *(consumer.name, settings.model, settings.served_name, model.dtype),
+        )
         await consumer.run(stop)
         if consumer.crashed is not None:
             raise RuntimeError("a worker task failed (logged above); exiting for a restart")

@@ -1,6 +1,7 @@
 """`dtype bfloat16` is honoured, never ignored: encoders and classifiers load their weights in
-it and still answer float32 within a stated bound of the float32 answer; a causal LM, which
-generates in float32 here, refuses it at load."""
+it and still answer float32 within a stated bound of the float32 answer. A causal LM loads in
+the dtype asked, and `auto` is float32 for encoders and the host's native half precision for
+generation (how close its tokens stay to transformers' is test_paged_engine's)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def test_a_bfloat16_reranker_scores_within_a_bound_of_float32(tmp_path: Path, mo
     assert np.abs(got - want).max() > 1e-6
 
 
-def test_a_causal_lm_refuses_half_precision_rather_than_ignoring_it(tiny_model: Path):
-    with pytest.raises(RuntimeError, match=r"causal LM.*generation runs float32"):
-        load_model(Settings(model=str(tiny_model), dtype="bfloat16"))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_causal_lm_loads_weights_and_cache_in_the_dtype_asked(tiny_model: Path, dtype: str):
+    loaded = load_model(Settings(model=str(tiny_model), dtype=dtype, kv_cache_dtype="auto"))
+    engine = loaded.runner
+    assert loaded.dtype == dtype
+    assert str(engine.model.dtype) == f"torch.{dtype}"  # type: ignore[union-attr]
+    assert str(engine.store.stored) == f"torch.{dtype}"  # type: ignore[union-attr]
+
+
+def test_auto_is_float32_for_encoders_and_the_hosts_choice_for_generation(tiny_model: Path):
+    from worker.precision import host_hardware, serving_dtype
+
+    native = serving_dtype("auto", causal_lm=True, device="cpu", hardware=host_hardware())
+    generation = load_model(Settings(model=str(tiny_model)))
+    assert generation.dtype == native
+    assert str(generation.runner.model.dtype) == f"torch.{native}"  # type: ignore[union-attr]
+    assert load_model(Settings(model="all-MiniLM-L6-v2")).dtype == "float32"

@@ -83,6 +83,7 @@ class GenerationEngine:
         kv_tokens: int = 32_768,
         block_size: int = 16,
         prefix_caching: bool = True,
+        dtype: str = "float32",
         kv_dtype: str = "auto",
     ) -> None:
         from transformers import AutoModelForCausalLM
@@ -90,7 +91,8 @@ class GenerationEngine:
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.dtype = getattr(torch, dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
         self.model.to(self.device).eval()
         config = self.model.config.get_text_config(decoder=True)
         self.context = int(config.max_position_embeddings)
@@ -112,7 +114,7 @@ class GenerationEngine:
             head_dim=head_dim,
             block_size=block_size,
             max_blocks=num_blocks,
-            dtype=torch.float32,
+            dtype=self.dtype,
             kv_dtype=kv_dtype,
             device=self.device,
         )
@@ -307,7 +309,8 @@ class GenerationEngine:
         return torch.tensor(flat, device=self.device), longest * self.block_size
 
     def _forward(self, ids, mask, positions, cache, keep: int = 1) -> torch.Tensor:
-        """The model's logits (B, positions kept, V) in float32."""
+        """The model's logits (B, positions kept, V) in float32, whatever the model's dtype
+        (sampling, penalties and log-probabilities are computed in it)."""
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -316,7 +319,7 @@ class GenerationEngine:
             use_cache=True,
             logits_to_keep=keep,
         )
-        return out.logits
+        return out.logits.float()
 
 
 def _eos_ids(model) -> set[int]:
