@@ -30,7 +30,7 @@ def complete(base: str, prompt: list[int], n: int, **headers: str) -> tuple[dict
 
 @pytest.fixture
 def two_workers(redis_url: str, processes: Processes, tiny_model: Path):
-    common = {"redis_url": redis_url, "model": tiny_model, **QUICK}
+    common = {"redis_url": redis_url, "model": tiny_model, "dtype": "float32", **QUICK}
     workers = [processes.start("worker", worker_id=f"w{i}", **common) for i in range(2)]
     gateway = processes.start("gateway", **common)
     wait_ready(gateway)

@@ -31,7 +31,8 @@ pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 def serve_tiny(processes: Processes, redis_url: str, model: Path, prefix: str):
     """One worker (its metrics on a port) and one gateway serving the tiny model."""
     metrics_port = free_port()
-    settings = {"redis_url": redis_url, "model": model, "prefix": prefix}
+    # float32, whatever the host: the tests hold answers to float32 generate() token for token
+    settings = {"redis_url": redis_url, "model": model, "prefix": prefix, "dtype": "float32"}
     worker = processes.start("worker", metrics_port=metrics_port, **settings)
     gateway = processes.start("gateway", **settings)
     wait_ready(gateway)
@@ -366,7 +367,12 @@ def test_sequences_preempted_for_the_kv_budget_finish_exactly_as_if_never_paused
     """A KV budget for about two sequences and six at once: the newest are paused, later
     recomputed from prompt plus output, and the text is still generate()'s, token for token."""
     metrics_port = free_port()
-    settings = {"redis_url": redis_url, "model": tiny_model, "kv_cache_tokens": 300}
+    settings = {
+        "redis_url": redis_url,
+        "model": tiny_model,
+        "kv_cache_tokens": 300,
+        "dtype": "float32",  # the reference is float32 generate()
+    }
     processes.start("worker", metrics_port=metrics_port, **settings)
     gateway = processes.start("gateway", **settings)
     wait_ready(gateway)
