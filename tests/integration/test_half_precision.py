@@ -91,3 +91,26 @@ def test_auto_is_float32_for_encoders_and_the_hosts_choice_for_generation(tiny_m
     assert generation.dtype == native
     assert str(generation.runner.model.dtype) == f"torch.{native}"  # type: ignore[union-attr]
     assert load_model(Settings(model="all-MiniLM-L6-v2")).dtype == "float32"
+
+
+def test_packed_bfloat16_linears_compute_what_plain_ones_do_bit_for_bit(tiny_model: Path):
+    """Where oneDNN runs bfloat16 natively a bfloat16 engine's linears are packed, and compute
+    what plain ones do; elsewhere (and in float32) they stay plain."""
+    import torch
+    from torch import nn
+
+    from worker.generate.engine import GenerationEngine
+    from worker.generate.packed_linear import PackedLinear, packable
+
+    torch.manual_seed(0)
+    plain = nn.Linear(64, 96).to(torch.bfloat16)
+    native = packable(plain, torch.device("cpu"))
+    if native:
+        for rows in (1, 3, 16, 40):  # laid out for 16 rows; any count computes the same
+            x = torch.randn(2, rows, 64).to(torch.bfloat16)
+            assert torch.equal(PackedLinear(plain)(x), plain(x))
+    half = GenerationEngine(tiny_model, kv_tokens=64, dtype="bfloat16")
+    plain_left = sum(type(m) is nn.Linear for m in half.model.modules())
+    # seven projections in each of two layers, and the head
+    assert (half.packed_linears, plain_left) == ((15, 0) if native else (0, 15))
+    assert GenerationEngine(tiny_model, kv_tokens=64, dtype="float32").packed_linears == 0

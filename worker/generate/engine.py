@@ -27,6 +27,7 @@ from common.protocol import Scores
 from worker.generate.blocks import NULL_BLOCK, BlockManager
 from worker.generate.kv_store import KVStore
 from worker.generate.logprobs import prompt_scores, token_scores
+from worker.generate.packed_linear import pack_linears
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
 from worker.generate.steps import Admission, Picked
@@ -94,6 +95,7 @@ class GenerationEngine:
         self.dtype = getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
         self.model.to(self.device).eval()
+        self.packed_linears = pack_linears(self.model, self.device)
         config = self.model.config.get_text_config(decoder=True)
         self.context = int(config.max_position_embeddings)
         self.vocab_size = int(config.vocab_size)
