@@ -2,6 +2,13 @@
 
     .venv/bin/python benchmarks/kv_fp8.py                   # SmolLM2-135M shape, 64 x 64
     .venv/bin/python benchmarks/kv_fp8.py --shape tiny      # a quick check
+    .venv/bin/python benchmarks/kv_fp8.py --model ~/.cache/microbatch-models/smollm2-135m-instruct
+
+With `--model` (a trained model, from ../shared/models/fetch-trained.sh) the prompts are chat
+questions under its own template, the engine and its control run in `--dtype` (default
+bfloat16), and the figure judged is top-1 agreement: each step of the quantized run is fed
+the control's token, so every one of the 64 x 64 positions compares the two caches' choice
+on the same text (goal: >= 0.95 against bfloat16).
 
 The same 64 prompts (16-256 random tokens, fixed seed) decode 64 greedy tokens each through
 the engine three times, all together: with `kv_cache_dtype=auto` (the model's float32),
@@ -26,9 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def run(engine, prompts: list[list[int]], new: int) -> tuple[list[list[int]], list[np.ndarray]]:
+def run(
+    engine, prompts: list[list[int]], new: int, forced: list[list[int]] | None = None
+) -> tuple[list[list[int]], list[np.ndarray]]:
     """Greedy tokens per prompt, and each step's logits per prompt (the engine's own forward,
-    observed, not changed)."""
+    observed, not changed). With `forced`, each step feeds that token instead of its own pick
+    (the pick is still what is returned)."""
     from worker.generate.sampling import Sampling
     from worker.generate.steps import Admission
 
@@ -54,7 +64,10 @@ def run(engine, prompts: list[list[int]], new: int) -> tuple[list[list[int]], li
     for row_index, row in enumerate(engine._rows):
         tokens[row.key].append(picked[row.key].token)
         logits[row.key].append(flat[row_index])
-    for _ in range(new - 1):
+    for step in range(new - 1):
+        if forced is not None:
+            for row in engine._rows:
+                row.last = forced[row.key][step]
         seen.clear()
         keys = [row.key for row in engine._rows]
         picked = engine.step([])
@@ -73,7 +86,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="smollm2")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--model", type=Path, default=None, help="a trained model's folder")
+    parser.add_argument("--dtype", default="bfloat16", help="with --model: the engine's dtype")
     args = parser.parse_args()
+    if args.model is not None:
+        trained(args.model.expanduser(), args.prompts, args.new, args.dtype)
+        return
 
     from worker.generate.engine import GenerationEngine
 
@@ -103,6 +121,60 @@ def main() -> None:
     print(f"fp8 / bfloat16: {sizes['fp8_e4m3'] / sizes['bfloat16']:.3f} (goal 0.5)")
     print(f"fp8 / float32:  {sizes['fp8_e4m3'] / sizes['float32']:.3f} (goal 0.25)")
     print(json.dumps({"bytes": sizes, "quality": quality}))
+
+
+QUESTIONS = [
+    "Why is the sky blue?",
+    "Explain how a hash map handles collisions.",
+    "What are the main causes of inflation?",
+    "Give three tips for learning a new language.",
+    "Describe the water cycle to a child.",
+    "How does a compiler differ from an interpreter?",
+    "Write a short poem about the sea at night.",
+    "What is the difference between weather and climate?",
+]
+SYSTEMS = ["", "You are a concise assistant.", "Answer like a teacher.", "Reply in one paragraph."]
+STYLES = ["", " Be brief.", " Use an example."]
+
+
+def share_same(ref: list[list[int]], got: list[list[int]]) -> float:
+    """Share of positions where two runs' tokens are the same."""
+    pairs = [a == b for r, q in zip(ref, got, strict=True) for a, b in zip(r, q, strict=True)]
+    return float(np.mean(pairs))
+
+
+def trained(path: Path, count: int, new: int, dtype: str) -> None:
+    """FP8 against the model's own dtype on a trained model: top-1 agreement, teacher-forced."""
+    from transformers import AutoTokenizer
+
+    from worker.generate.engine import GenerationEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    chats = [
+        [*([{"role": "system", "content": s}] if s else []), {"role": "user", "content": q + t}]
+        for s in SYSTEMS
+        for t in STYLES
+        for q in QUESTIONS
+    ][:count]
+    texts = [
+        tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats
+    ]
+    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    control = GenerationEngine(path, kv_tokens=64 * 1024, dtype=dtype)
+    ref_tokens, _ = run(control, prompts, new)
+    fp8 = GenerationEngine(path, kv_tokens=64 * 1024, dtype=dtype, kv_dtype="fp8_e4m3")
+    tokens, _ = run(fp8, prompts, new, forced=ref_tokens)
+    agree = share_same(ref_tokens, tokens)
+    free, _ = run(fp8, prompts, new)
+    same = share_same(ref_tokens, free)
+    sizes = (control.store.bytes_per_token(), fp8.store.bytes_per_token())
+    print(f"{len(prompts)} chat prompts x {new} greedy tokens, {path.name} in {dtype}")
+    print(
+        f"  bytes per cached token: {dtype} {sizes[0]}, fp8 {sizes[1]} ({sizes[1] / sizes[0]:.3f})"
+    )
+    print(f"  top-1 agreement, fp8 fed the {dtype} run's tokens: {agree:.4f} (goal >= 0.95)")
+    print(f"  identical tokens position by position, each run free: {same:.4f}")
+    print(json.dumps({"agreement": agree, "identical": same, "bytes": sizes}))
 
 
 def compare(ref_tokens, ref_logits, tokens, logits) -> tuple[float, float]:
