@@ -176,7 +176,12 @@ def run_arm(start: Callable[[], AbstractContextManager[Server]], args) -> dict:
 
 
 def arms(args, tmp: Path) -> dict[str, Callable[[], AbstractContextManager[Server]]]:
-    common = dict(model=args.model, served_model_name=MODEL_NAME, max_tokens_per_request=4096)
+    common = dict(
+        model=args.model,
+        served_model_name=MODEL_NAME,
+        max_tokens_per_request=4096,
+        device=args.device,
+    )
     return {
         "mb-fp32": lambda: microbatch_serve("mb-fp32", tmp, dtype="float32", **common),
         "mb-bf16": lambda: microbatch_serve("mb-bf16", tmp, dtype="bfloat16", **common),
@@ -226,6 +231,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--arms", default="mb-fp32,mb-bf16,vllm")
     parser.add_argument("--vllm-venv", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="the microbatch arms' device")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
