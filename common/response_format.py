@@ -17,7 +17,8 @@ from llguidance import LLMatcher
 JSON_OBJECT = "json_object"
 JSON_SCHEMA = "json_schema"
 # JSON as models write it (newlines and indentation between tokens), each run bounded so
-# that a model cannot stall in whitespace forever.
+# that a model cannot stall in whitespace forever. A default: a schema's own `x-guidance`
+# options (llguidance's extension; tool calls ask for compact JSON) take precedence.
 WHITESPACE = r"[\n\t ]{0,16}"
 
 
@@ -30,7 +31,12 @@ def grammar(kind: str, schema_text: str) -> str:
     schema: Any = {"type": "object"} if kind == JSON_OBJECT else json.loads(schema_text)
     if not isinstance(schema, dict):
         raise StructureError("the schema must be a JSON object")
-    text = LLMatcher.grammar_from_json_schema(schema, overrides={"whitespace_pattern": WHITESPACE})
+    # llguidance lets a whitespace pattern win over `whitespace_flexible`: none beside a
+    # schema's own options
+    own = "x-guidance" in schema
+    text = LLMatcher.grammar_from_json_schema(
+        schema, defaults=None if own else {"whitespace_pattern": WHITESPACE}
+    )
     error = LLMatcher.validate_grammar(text)
     if error:
         raise StructureError(error)

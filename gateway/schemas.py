@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
+from gateway.tool_calls import ToolUse, forced_schema
+
 TokenId = Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]
 MAX_STOP_TOKEN_IDS = 64
 MAX_CHOICES = 16  # n and best_of: more would hold one request's rows over a whole engine
@@ -174,16 +176,78 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr = Field(max_length=64)
+    arguments: StrictStr
+
+
+class MessageToolCall(BaseModel):
+    """A call an assistant made earlier in the history."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: StrictStr = Field(default="", max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = Field(default=None, max_length=128)
+    tool_call_id: StrictStr | None = Field(default=None, max_length=256)
+
+    @model_validator(mode="after")
+    def _content_or_calls(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, except on an assistant message with tool_calls")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionTool(BaseModel):
+    """A function the model may call: its parameters are a JSON Schema object."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionTool
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    """`{"type": "function", "function": {"name": ...}}`: this function must be called."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(GenerationParams):
@@ -195,14 +259,65 @@ class ChatCompletionRequest(GenerationParams):
     top_logprobs: StrictInt | None = Field(
         default=None, ge=0, le=MAX_LOGPROBS, description="Alternatives per token (with logprobs)"
     )
-    tools: None = None
-    tool_choice: None = None
+    tools: list[Tool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    @model_validator(mode="after")
+    def _tool_choice_among_tools(self) -> ChatCompletionRequest:
+        names = [t.function.name for t in self.tools or []]
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, not among the tools")
+        if choice == "required" and not names:
+            raise ValueError("tool_choice required needs tools")
+        if len(set(names)) != len(names):
+            raise ValueError("two tools share a name")
+        return self
+
+    @model_validator(mode="after")
+    def _forced_call_as_a_schema(self) -> ChatCompletionRequest:
+        """A forced call is generated under its schema, as `response_format` answers are
+        (gateway/tool_calls.py says why); a second format or streamed scores are refused."""
+        mode = self.tool_mode
+        if mode != "none" and self.logprobs:
+            raise ValueError("logprobs cannot be combined with tools")
+        if mode not in ("required", "named"):
+            return self
+        if self.response_format is not None and self.response_format.type != "text":
+            raise ValueError("response_format cannot be combined with a forced tool_choice")
+        named = self.tool_choice.function.name if mode == "named" else None  # type: ignore[union-attr]
+        tools = [t.function.model_dump(exclude_none=True) for t in self.tools or []]
+        schema = forced_schema(tools, named, self.parallel_tool_calls)
+        self.response_format = ResponseFormat(
+            type="json_schema", json_schema=JsonSchemaFormat(name="tool_calls", schema=schema)
+        )
+        return self
+
+    @property
+    def tool_use(self) -> ToolUse | None:
+        """How the answers are read for calls; None where no tools are offered."""
+        mode = self.tool_mode
+        if mode == "none":
+            return None
+        names = frozenset(t.function.name for t in self.tools or [])
+        parallel = self.parallel_tool_calls and mode == "required"
+        return ToolUse(names, forced=mode in ("required", "named"), parallel=parallel)
+
+    @property
+    def tool_mode(self) -> str:
+        """`none` (no tools offered), `auto`, `required`, or `named`."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @property
     def shown_logprobs(self) -> int | None:

@@ -29,6 +29,7 @@ class ChoiceState:
     cached_tokens: int = 0
     finished: bool = False
     offset: int = -1  # legacy logprobs' text offset so far; -1 before the first event
+    held: str = ""  # a chat choice read for tool calls: its text, sent once it ends
 
 
 def follow(state: ChoiceState, chunk: Chunk) -> Verdict:

@@ -12,6 +12,7 @@ from common.protocol import GenerationChunk
 from gateway.routes import logprobs
 from gateway.submit import Entries
 from gateway.tokenize import ModelTokenizer
+from gateway.tool_calls import ToolUse
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,7 @@ class Shape:
     prompt_ids: list[np.ndarray] = field(default_factory=list)  # for an echo's logprobs
     n: int = 1  # choices returned per prompt
     candidates: int = 1  # choices generated per prompt (best_of); the n likeliest are returned
+    tools: ToolUse | None = None  # chat with tools: answers are read for calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +58,8 @@ class Format:
         return self._finish(choice, chunk, shape.with_ids), offset
 
     def whole_choice(self, index: int, chunk: GenerationChunk, shape: Shape, prompt: int) -> dict:
+        if self.chat and shape.tools is not None:
+            return self.called(index, chunk.text, chunk, shape.tools, whole=True)
         if self.chat:
             message = {"role": "assistant", "content": chunk.text, "refusal": None}
             choice: dict = {"index": index, "message": message}
@@ -64,6 +68,25 @@ class Format:
             choice = {"index": index, "text": echo + chunk.text}
         choice["logprobs"] = self._logprobs(chunk, shape, prompt, True, 0)[0]
         return self._finish(choice, chunk, shape.with_ids)
+
+    def called(
+        self, index: int, text: str, last: GenerationChunk, tools: ToolUse, whole: bool, first=True
+    ) -> dict:
+        """A chat choice whose whole `text` is read for calls: `tool_calls` where it holds
+        them (finish_reason `tool_calls`), else the text as it is; streamed, one delta."""
+        found = tools.calls(text) if last.finish_reason != "length" or tools.forced else None
+        content, calls = found if found is not None else (text, [])
+        message: dict = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = [c.openai(None if whole else i) for i, c in enumerate(calls)]
+        if whole:
+            choice: dict = {"index": index, "message": {**message, "refusal": None}}
+        else:
+            delta = message if first else {k: v for k, v in message.items() if k != "role"}
+            choice = {"index": index, "delta": {k: v for k, v in delta.items() if v is not None}}
+        choice["logprobs"] = None
+        choice["finish_reason"] = "tool_calls" if calls else (last.finish_reason or None)
+        return choice
 
     def _logprobs(
         self, chunk: GenerationChunk, shape: Shape, prompt: int, first: bool, offset: int

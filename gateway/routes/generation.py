@@ -201,17 +201,8 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
     ask = _Ask(request_id, call.priority, call.timeout_ms, session, parsed.entry_trace)
-    shape = Shape(
-        model.tokenizer,
-        with_ids=req.return_token_ids,
-        logprobs=req.shown_logprobs,
-        echo=prompts.texts,
-        prompt_ids=prompts.ids,
-        n=req.n,
-        candidates=req.candidates,
-    )
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
-    sub = _entries(services, model, req, pairs, ask, shape, checked)
+    sub = _entries(services, model, req, pairs, ask, _shape(model, req, prompts), checked)
     if req.stream:
         return stream(services, fmt, model.info.name, request_id, req, sub)
     try:
@@ -230,6 +221,20 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
             "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
         },
         media_type="application/json",
+    )
+
+
+def _shape(model: ModelEntry, req: Any, prompts: Prompts) -> Shape:
+    """What the request asked of its answers beyond the text."""
+    return Shape(
+        model.tokenizer,
+        with_ids=req.return_token_ids,
+        logprobs=req.shown_logprobs,
+        echo=prompts.texts,
+        prompt_ids=prompts.ids,
+        n=req.n,
+        candidates=req.candidates,
+        tools=getattr(req, "tool_use", None),  # chat only
     )
 
 

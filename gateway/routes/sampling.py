@@ -47,11 +47,13 @@ def _structure(req: GenerationParams) -> dict[str, str]:
     fmt = req.response_format
     if fmt is None or fmt.type == "text":
         return {}
+    # a forced tool call is generated under its schema: its problems are the tools'
+    param = "tools" if getattr(req, "tool_mode", "none") in ("required", "named") else None
     schema = schema_text(req)
     if len(schema) > MAX_SCHEMA_BYTES:
         raise InvalidRequest(
             f"the JSON schema has {len(schema)} bytes; at most {MAX_SCHEMA_BYTES}",
-            param="response_format",
+            param=param or "response_format",
         )
     for option, value in (("ignore_eos", req.ignore_eos), ("min_tokens", req.min_tokens)):
         if value:  # the answer ends when its JSON does: neither could be honoured
@@ -59,7 +61,8 @@ def _structure(req: GenerationParams) -> dict[str, str]:
     problem = grammar_problem(fmt.type, schema)  # compiled off the loop first (generation)
     if problem is not None:
         raise InvalidRequest(
-            f"response_format: the schema cannot be enforced: {problem}", param="response_format"
+            f"{param or 'response_format'}: the schema cannot be enforced: {problem}",
+            param=param or "response_format",
         )
     return {"response_format": fmt.type, "json_schema": schema}
 

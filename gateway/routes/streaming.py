@@ -153,10 +153,25 @@ class _Relay:
             return b"", False
         prompt = self.sub.ids.index(chunk.id)
         index = prompt * self.n + chunk.choice
+        if self.sub.shape.tools is not None:
+            return self._held(index, chunk, state), False
         choice, state.offset = self.fmt.event_choice(
             index, chunk, self.sub.shape, prompt, state.offset
         )
         return self._data([choice]), False
+
+    def _held(self, index: int, chunk: GenerationChunk, state: ChoiceState) -> bytes:
+        """A choice read for tool calls: its role at once, the rest when it ends (a call is
+        known only once its text is whole)."""
+        first, state.offset = state.offset < 0, 0
+        state.held += chunk.text
+        tools = self.sub.shape.tools
+        if chunk.finish_reason and tools is not None:
+            return self._data([self.fmt.called(index, state.held, chunk, tools, False, first)])
+        if not first:
+            return b""
+        role = {"index": index, "delta": {"role": "assistant", "content": ""}}
+        return self._data([{**role, "logprobs": None, "finish_reason": None}])
 
     def close(self) -> None:
         """However the stream ended: stop listening, and cancel what still generates."""

@@ -1,0 +1,153 @@
+"""Tool calling's pure parts: the JSON schema a forced call is generated under, the default
+tool prompt, and the parsers that turn a model's text into OpenAI's `tool_calls`.
+
+Why a forced call (`tool_choice` `required` or a named function) is generated as JSON under a
+schema rather than in the model's own call syntax: the grammar engine the worker already runs
+for `response_format` then guarantees that the name is one of the tools and the arguments
+validate against its parameters, whatever the model, and no model-specific parser is needed
+(vLLM forces calls the same way). `auto` lets the model write; its text is parsed in the
+Hermes/Qwen format (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the default
+prompt asks for, and text that does not parse as calls to known tools is returned as text,
+never as a broken call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# llguidance's options for a forced call: compact JSON, so a model cannot spend its tokens
+# on whitespace between the fields (the arguments are re-serialized anyway)
+COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One function call: its name and its arguments as a JSON object's text."""
+
+    name: str
+    arguments: str
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        """As OpenAI's `tool_calls` item (with `index` in a stream's delta)."""
+        item: dict[str, Any] = {
+            "id": call_id(),
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        return item if index is None else {"index": index, **item}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """How one request's answers are read for calls: forced JSON, or free text parsed."""
+
+    names: frozenset[str]
+    forced: bool  # `required` or a named function: the text is the schema's JSON
+    parallel: bool  # a forced answer is a list of calls (`parallel_tool_calls`)
+
+    def calls(self, text: str) -> tuple[str | None, list[Call]] | None:
+        """(content left, calls) when `text` holds calls to known tools; None otherwise."""
+        if self.forced:
+            calls = _forced(text, self.parallel)
+            return None if calls is None or not self._known(calls) else (None, calls)
+        return _hermes(text, self.names)
+
+    def _known(self, calls: list[Call]) -> bool:
+        return bool(calls) and all(c.name in self.names for c in calls)
+
+
+def call_id() -> str:
+    """A call's id, shaped as OpenAI's (`call_` and 24 characters)."""
+    return "call_" + secrets.token_urlsafe(18)
+
+
+def forced_schema(tools: list[dict[str, Any]], named: str | None, parallel: bool) -> dict:
+    """The schema a forced answer follows: one call of `named`, or of any tool; a list of one
+    or more calls where `parallel` (and no name is forced)."""
+    chosen = [t for t in tools if named is None or t["name"] == named]
+    one = [
+        {
+            "type": "object",
+            "properties": {
+                "name": {"const": t["name"]},
+                "arguments": t.get("parameters") or ANY_OBJECT,
+            },
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in chosen
+    ]
+    call = one[0] if len(one) == 1 else {"anyOf": one}
+    if parallel and named is None:
+        return {"type": "array", "items": call, "minItems": 1, "x-guidance": COMPACT}
+    return {**call, "x-guidance": COMPACT}
+
+
+def default_prompt(tools: list[dict[str, Any]]) -> str:
+    """The system text that offers `tools` to a model whose template does not take them:
+    the Hermes format, which `ToolUse` parses."""
+    listed = "\n".join(json.dumps({"type": "function", "function": t}) for t in tools)
+    return (
+        "You may call one or more functions to assist with the user query. The functions "
+        f"are described in JSON Schema within <tools></tools> tags:\n<tools>\n{listed}\n"
+        "</tools>\nFor each function call, return a JSON object with the function name and "
+        "its arguments within <tool_call></tool_call> tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def as_text(name: str, arguments: str) -> str:
+    """A past call written back into a history as the default prompt asks for it."""
+    try:
+        args: Any = json.loads(arguments)
+    except ValueError:
+        args = arguments
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+
+
+def _forced(text: str, parallel: bool) -> list[Call] | None:
+    try:
+        value = json.loads(text)
+    except ValueError:  # cut short by max_tokens: returned as text
+        return None
+    items = value if parallel and isinstance(value, list) else [value]
+    calls = [_call(item) for item in items]
+    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+
+
+def _hermes(text: str, names: frozenset[str]) -> tuple[str | None, list[Call]] | None:
+    blocks = TOOL_CALL.findall(text)
+    if not blocks:
+        return None
+    calls = []
+    for block in blocks:
+        try:
+            call = _call(json.loads(block))
+        except ValueError:
+            return None
+        if call is None or call.name not in names:
+            return None
+        calls.append(call)
+    content = TOOL_CALL.sub("", text).strip()
+    return (content or None), calls
+
+
+def _call(value: Any) -> Call | None:
+    """A call from `{"name": ..., "arguments": {...}}`; None for anything else."""
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):  # some models write the arguments as a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return Call(value["name"], json.dumps(arguments, ensure_ascii=False))

@@ -1,0 +1,223 @@
+"""Tool calling on /v1/chat/completions through the `openai` client: a forced call always
+parses and validates against its function's schema, even from a random-weight model, whole
+or streamed; a history with calls and tool results is accepted; what cannot be honoured is a
+400 naming the field. Every answer validates against OpenAI's published schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from common.settings import Settings
+from tests.conftest import RedisServer, free_port, wait_until
+from tests.integration.in_process import InProcess
+from tests.openai import schema_errors
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+CLOCK = {
+    "type": "object",
+    "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": CLOCK}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": CLOCK}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with room for tool prompts: its small vocabulary spells a schema out
+    in hundreds of tokens (745 for these two tools)."""
+    from worker.generate.tiny_model import TinyShape, write_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-4k") / "tiny-llama"
+    return write_tiny_model(folder, TinyShape(max_positions=4096))
+
+
+@pytest.fixture(scope="module")
+def base(redis_server: RedisServer, long_tiny: Path) -> Iterator[str]:
+    deployment = InProcess()
+    common = {"redis_url": redis_server.url, "prefix": "mbtools", "read_block_ms": 100}
+    try:
+        port = free_port()
+        url = deployment.start_gateway(Settings(**common, port=port, gateway_id=f"g-{port}"))
+        deployment.start_worker(
+            Settings(**common, model=str(long_tiny), served_model_name=["tiny"])
+        )
+        wait_until(
+            lambda: httpx.get(f"{url}/readyz/tiny").status_code,
+            120,
+            "the tiny Llama served",
+            until=lambda status: status == 200,
+        )
+        yield url
+    finally:
+        deployment.close()
+
+
+@pytest.fixture(scope="module")
+def client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+
+
+def valid_calls(message, allowed: set[str]) -> list[str]:
+    """The names of a message's calls, each asserted to name an allowed tool and carry
+    arguments that validate against that tool's schema."""
+    assert message.tool_calls, message
+    names = []
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in allowed
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        names.append(call.function.name)
+    return names
+
+
+def test_required_calls_parse_and_validate_in_200_of_200_sampled_choices(client) -> None:
+    seen: set[str] = set()
+    for seed in range(20):
+        answer = client.chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            n=10,
+            temperature=1.0,
+            seed=seed,
+            max_tokens=512,
+        )
+        assert (
+            schema_errors("CreateChatCompletionResponse", answer.model_dump(exclude_unset=True))
+            == []
+        )
+        for choice in answer.choices:
+            assert choice.finish_reason == "tool_calls", choice.message.content
+            seen.update(valid_calls(choice.message, set(SCHEMAS)))
+    assert seen == set(SCHEMAS)  # the grammar allows either tool, and sampling finds both
+
+
+def test_a_named_tool_choice_calls_that_function_once(client) -> None:
+    for seed in range(10):
+        answer = client.chat.completions.create(
+            model="tiny",
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_time"}},
+            temperature=1.0,
+            seed=seed,
+            max_tokens=512,
+        )
+        assert valid_calls(answer.choices[0].message, {"get_time"}) == ["get_time"]
+
+
+def test_a_streamed_forced_call_arrives_as_tool_call_deltas(client) -> None:
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=1.0,
+        seed=3,
+        max_tokens=512,
+        stream=True,
+    )
+    chunks = list(stream)
+    for chunk in chunks:
+        assert (
+            schema_errors(
+                "CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True)
+            )
+            == []
+        )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(deltas[0].function.arguments), WEATHER)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(c.choices[0].delta.content for c in chunks)
+
+
+def test_a_history_with_calls_and_tool_results_is_accepted(client) -> None:
+    history = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"},
+    ]
+    plain = client.chat.completions.create(model="tiny", messages=ASK, max_tokens=2)
+    answer = client.chat.completions.create(
+        model="tiny", messages=history, tools=TOOLS, max_tokens=4, temperature=0
+    )
+    message = answer.choices[0].message
+    # a random model writes no call: auto returns its text as text, never a broken call
+    assert message.tool_calls is None and isinstance(message.content, str)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    # the tools, the call and its result are all in the prompt
+    assert answer.usage.prompt_tokens > plain.usage.prompt_tokens + 100
+    assert (
+        schema_errors("CreateChatCompletionResponse", answer.model_dump(exclude_unset=True)) == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "says"),
+    [  # the body's own contradictions are 422s, as every schema error; the rest 400s
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, 422, "not among"),
+        ({"tool_choice": "required", "tools": None}, 422, "needs tools"),
+        ({"logprobs": True}, 422, "logprobs cannot be combined with tools"),
+        (
+            {"tool_choice": "required", "response_format": {"type": "json_object"}},
+            422,
+            "response_format cannot be combined",
+        ),
+        (
+            {
+                "tool_choice": "required",
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "objectx"}},
+                    }
+                ],
+            },
+            400,
+            "tools: the schema cannot be enforced",
+        ),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, 422, "share a name"),
+    ],
+)
+def test_tool_options_that_cannot_be_honoured_are_4xx(
+    base: str, extra: dict, status: int, says: str
+) -> None:
+    body = {"model": "tiny", "messages": ASK, "tools": TOOLS, "max_tokens": 8, **extra}
+    body = {k: v for k, v in body.items() if v is not None}
+    answer = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == status, answer.text
+    assert says in answer.json()["error"]["message"]
