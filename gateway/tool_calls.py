@@ -114,11 +114,29 @@ def as_text(name: str, arguments: str) -> str:
 def _forced(text: str, parallel: bool) -> list[Call] | None:
     try:
         value = json.loads(text)
-    except ValueError:  # cut short by max_tokens: returned as text
-        return None
+    except ValueError:  # cut short by max_tokens: a list keeps the calls that closed
+        value = _closed_items(text) if parallel else None
+        if not value:
+            return None
     items = value if parallel and isinstance(value, list) else [value]
     calls = [_call(item) for item in items]
     return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+
+
+def _closed_items(text: str) -> list[Any]:
+    """The whole items at the head of a JSON list cut short (a weak model under the grammar
+    may go on listing calls until `max_tokens`)."""
+    decoder, items = json.JSONDecoder(), []
+    at = text.find("[") + 1
+    while 0 < at < len(text):
+        while at < len(text) and text[at] in ", \n\t":
+            at += 1
+        try:
+            item, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break
+        items.append(item)
+    return items
 
 
 def _hermes(text: str, names: frozenset[str]) -> tuple[str | None, list[Call]] | None:

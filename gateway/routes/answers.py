@@ -85,7 +85,9 @@ class Format:
             delta = message if first else {k: v for k, v in message.items() if k != "role"}
             choice = {"index": index, "delta": {k: v for k, v in delta.items() if v is not None}}
         choice["logprobs"] = None
-        choice["finish_reason"] = "tool_calls" if calls else (last.finish_reason or None)
+        # calls read from a list cut short by max_tokens still say it was cut
+        cut = last.finish_reason == "length"
+        choice["finish_reason"] = "tool_calls" if calls and not cut else last.finish_reason or None
         return choice
 
     def _logprobs(

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Annotated, Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import Field
 
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
@@ -221,3 +223,50 @@ def test_tool_options_that_cannot_be_honoured_are_4xx(
     answer = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
     assert answer.status_code == status, answer.text
     assert says in answer.json()["error"]["message"]
+
+
+def test_an_openai_agents_sdk_agent_calls_its_tool_and_finishes(base: str) -> None:
+    """The Agents SDK, unchanged, on chat completions: the first turn must call the tool
+    (`tool_choice` required), the SDK runs it and feeds the result back, and the run ends
+    with an answer. A random-weight model's answer is noise; a trained model's use of the
+    result is measured by benchmarks/agent_run.py."""
+    import asyncio
+
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
+    calls: list[tuple[str, str]] = []
+
+    @function_tool  # bounded, so a random model's string closes within max_tokens
+    def get_weather(
+        city: Annotated[str, Field(max_length=12)], unit: Literal["celsius", "fahrenheit"]
+    ) -> str:
+        """The weather in a city."""
+        calls.append((city, unit))
+        return f"18 degrees {unit} in {city}"
+
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    agent = Agent(
+        name="weather",
+        instructions="Answer with the weather.",
+        model=OpenAIChatCompletionsModel(model="tiny", openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice="required", temperature=1.0, max_tokens=200, parallel_tool_calls=False
+        ),
+        tools=[get_weather],
+    )
+    result = asyncio.run(Runner.run(agent, "Weather in Paris?", max_turns=4))
+    assert len(calls) == 1 and all(isinstance(v, str) for v in calls[0])
+    assert isinstance(result.final_output, str)
+    kinds = [item.type for item in result.new_items]
+    assert (
+        kinds[:2] == ["tool_call_item", "tool_call_output_item"]
+        and kinds[-1] == "message_output_item"
+    )

@@ -61,6 +61,9 @@ def test_forced_answers_are_one_call_or_a_list_of_them() -> None:
     assert found is not None and [c.name for c in found[1]] == ["get_time", "get_weather"]
     assert one.calls('{"name":"get_time","arguments":{"zo') is None  # cut by max_tokens
     assert many.calls("[]") is None
+    cut = many.calls('[{"name":"get_time","arguments":{}},{"name":"get_weather","argum')
+    assert cut is not None and [c.name for c in cut[1]] == ["get_time"]  # the calls that closed
+    assert many.calls('[{"name":"get_time","argum') is None
 
 
 def test_the_forced_schema_pins_the_name_and_the_parameters() -> None:

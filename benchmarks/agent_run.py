@@ -1,0 +1,96 @@
+"""An OpenAI Agents SDK agent with one function tool, against microbatch serving a trained model.
+
+    ../shared/models/fetch-trained.sh                  # SmolLM2-135M-Instruct, once
+    .venv/bin/python benchmarks/agent_run.py           # 10 runs
+
+Each run asks for the weather in another city; the first turn must call the tool
+(`tool_choice` required, the SDK resets it to auto after), the tool answers a temperature
+drawn for that run, and the run ends with the model's answer. Printed per run: whether it
+completed, the call's arguments (valid against the tool's schema: the grammar guarantees it),
+and whether the final answer quotes the temperature the tool returned; then the shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.embed_servers import microbatch_serve
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Quito", "Rome", "Seoul", "Perth"]
+
+
+async def one_run(url: str, city: str, degrees: int) -> dict:
+    import openai
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        calls.append(city)
+        return f"It is {degrees} degrees Celsius and sunny in {city}."
+
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    agent = Agent(
+        name="weather",
+        instructions="You answer questions about the weather using the get_weather tool.",
+        model=OpenAIChatCompletionsModel(model="smol", openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice="required", temperature=0.0, max_tokens=96, parallel_tool_calls=False
+        ),
+        tools=[get_weather],
+    )
+    result = await Runner.run(agent, f"What is the weather in {city}?", max_turns=4)
+    answer = str(result.final_output)
+    return {"calls": calls, "answer": answer, "uses_output": str(degrees) in answer}
+
+
+async def all_runs(url: str, runs: int) -> tuple[int, int, int]:
+    """Completed runs, runs that called the tool, answers that quote its output."""
+    rng = random.Random(0)
+    done = called = used = 0
+    for i in range(runs):
+        city, degrees = CITIES[i % len(CITIES)], rng.randint(3, 39)
+        try:
+            run = await one_run(url, city, degrees)
+        except Exception as exc:  # a run that fails is counted, with why
+            print(f"{city}: FAILED {exc!r}"[:300])
+            continue
+        done += 1
+        called += bool(run["calls"])
+        used += run["uses_output"]
+        print(f"{city} ({degrees}): calls {run['calls']} answer {run['answer'][:120]!r}")
+    return done, called, used
+
+
+def main() -> None:
+    from agents import set_tracing_disabled
+
+    default = Path("~/.cache/microbatch-models/smollm2-135m-instruct").expanduser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=default)
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    if not (args.model / "config.json").is_file():
+        sys.exit(f"no model at {args.model}: run ../shared/models/fetch-trained.sh")
+    set_tracing_disabled(True)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        microbatch_serve("agent", Path(tmp), model=args.model, served_model_name="smol") as s,
+    ):
+        done, called, used = asyncio.run(all_runs(s.url, args.runs))
+    print(
+        f"completed {done}/{args.runs}, tool called {called}/{args.runs}, "
+        f"answer quotes the tool's output {used}/{args.runs}"
+    )
+
+
+if __name__ == "__main__":
+    main()
