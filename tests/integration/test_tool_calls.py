@@ -101,6 +101,7 @@ def test_required_calls_parse_and_validate_in_200_of_200_sampled_choices(client)
             messages=ASK,
             tools=TOOLS,
             tool_choice="required",
+            parallel_tool_calls=False,
             n=10,
             temperature=1.0,
             seed=seed,
@@ -112,8 +113,23 @@ def test_required_calls_parse_and_validate_in_200_of_200_sampled_choices(client)
         )
         for choice in answer.choices:
             assert choice.finish_reason == "tool_calls", choice.message.content
-            seen.update(valid_calls(choice.message, set(SCHEMAS)))
+            names = valid_calls(choice.message, set(SCHEMAS))
+            assert len(names) == 1
+            seen.update(names)
     assert seen == set(SCHEMAS)  # the grammar allows either tool, and sampling finds both
+
+
+def test_parallel_required_calls_are_a_list_of_valid_calls(client) -> None:
+    counts = []
+    for seed in range(2):
+        answer = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, tool_choice="required", n=10,
+            temperature=1.0, seed=seed, max_tokens=512,
+        )  # fmt: skip
+        for choice in answer.choices:
+            assert choice.finish_reason in ("tool_calls", "length")  # a cut list keeps calls
+            counts.append(len(valid_calls(choice.message, set(SCHEMAS))))
+    assert min(counts) >= 1 and max(counts) > 1
 
 
 def test_a_named_tool_choice_calls_that_function_once(client) -> None:
