@@ -1,7 +1,10 @@
-"""An OpenAI Agents SDK agent with one function tool, against microbatch serving a trained model.
+"""Tool calling on a trained model: forced calls sampled, then an OpenAI Agents SDK agent.
 
     ../shared/models/fetch-trained.sh                  # SmolLM2-135M-Instruct, once
-    .venv/bin/python benchmarks/agent_run.py           # 10 runs
+    .venv/bin/python benchmarks/agent_run.py           # 200 forced calls, 10 agent runs
+
+First `--calls` choices (temperature 1, seeded, 10 per request) with `tool_choice` required
+and one call each: how many parse and validate against the tool's schema (goal: all).
 
 Each run asks for the weather in another city; the first turn must call the tool
 (`tool_choice` required, the SDK resets it to auto after), the tool answers a temperature
@@ -47,9 +50,43 @@ async def one_run(url: str, city: str, degrees: int) -> dict:
         ),
         tools=[get_weather],
     )
-    result = await Runner.run(agent, f"What is the weather in {city}?", max_turns=4)
+    async with client:
+        result = await Runner.run(agent, f"What is the weather in {city}?", max_turns=4)
     answer = str(result.final_output)
     return {"calls": calls, "answer": answer, "uses_output": str(degrees) in answer}
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+
+
+def forced_calls(url: str, choices: int) -> int:
+    """Sampled forced calls that parse and validate against their tool's schema."""
+    import json
+
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    valid = 0
+    for seed in range(choices // 10):
+        answer = client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Weather in Lima?"}],
+            tools=[tool], tool_choice="required", parallel_tool_calls=False, n=10,
+            temperature=1.0, seed=seed, max_tokens=128,
+        )  # fmt: skip
+        for choice in answer.choices:
+            for call in choice.message.tool_calls or []:
+                try:
+                    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+                except (ValueError, jsonschema.ValidationError):
+                    continue
+                valid += call.function.name == "get_weather"
+    return valid
 
 
 async def all_runs(url: str, runs: int) -> tuple[int, int, int]:
@@ -77,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=default)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     if not (args.model / "config.json").is_file():
         sys.exit(f"no model at {args.model}: run ../shared/models/fetch-trained.sh")
@@ -85,6 +123,8 @@ def main() -> None:
         tempfile.TemporaryDirectory() as tmp,
         microbatch_serve("agent", Path(tmp), model=args.model, served_model_name="smol") as s,
     ):
+        valid = forced_calls(s.url, args.calls)
+        print(f"forced calls that parse and validate: {valid}/{args.calls // 10 * 10}")
         done, called, used = asyncio.run(all_runs(s.url, args.runs))
     print(
         f"completed {done}/{args.runs}, tool called {called}/{args.runs}, "

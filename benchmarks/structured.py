@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/structured.py                  # SmolLM2-135M shape
     .venv/bin/python benchmarks/structured.py --shape tiny     # a 512-token vocabulary
+    .venv/bin/python benchmarks/structured.py --schema tools --model PATH --dtype bfloat16
+                                                  # a forced tool call on a trained model
 
 The generation engine in-process on a random-weight model, `--rows` sequences decoding
 together (temperature 1, seeded). Two arms, interleaved step by step so drift hits both:
@@ -34,18 +36,34 @@ SCHEMA = (
 )
 
 
-def _engine_and_grammars(path: Path, threads: int):
+def tools_schema() -> str:
+    """The schema a forced call of one of two tools is generated under (gateway/tool_calls)."""
+    import json
+
+    from gateway.tool_calls import forced_schema
+
+    city = {"type": "string", "maxLength": 24}
+    tools = [
+        {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": city}}},
+        {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": city}}},
+    ]
+    return json.dumps(forced_schema(tools, None, parallel=False))
+
+
+def _engine_and_grammars(path: Path, threads: int, dtype: str = "float32"):
     from tokenizers import Tokenizer
 
     from worker.generate.constraints import Grammars
     from worker.generate.engine import GenerationEngine
 
-    engine = GenerationEngine(path, threads=threads)
+    engine = GenerationEngine(path, threads=threads, dtype=dtype)
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     return engine, Grammars(tokenizer.to_str(), engine.vocab_size, engine.eos_ids)
 
 
-def run(engine, grammars, rows: int, steps: int, constrained: bool, seed: int) -> list[float]:
+def run(
+    engine, grammars, rows: int, steps: int, constrained: bool, seed: int, schema: str = SCHEMA
+) -> list[float]:
     """Step times (s) of `rows` sequences decoding together for `steps` steps."""
     from worker.generate.sampling import Sampling
     from worker.generate.steps import Admission
@@ -53,7 +71,7 @@ def run(engine, grammars, rows: int, steps: int, constrained: bool, seed: int) -
     prompt = np.random.default_rng(seed).integers(3, 200, 32).astype(np.uint32)
 
     def sampling(key: int) -> Sampling:
-        constraint = grammars.constraint("json_schema", SCHEMA) if constrained else None
+        constraint = grammars.constraint("json_schema", schema) if constrained else None
         return Sampling(1.0, 1.0, seed * 1000 + key, constraint=constraint)
 
     samplings = {key: sampling(key) for key in range(rows)}
@@ -65,7 +83,7 @@ def run(engine, grammars, rows: int, steps: int, constrained: bool, seed: int) -
         times.append(time.perf_counter() - start)
         for s in samplings.values():  # a finished JSON starts over: all rows stay busy
             if s.constraint is not None and s.constraint.complete:
-                s.constraint = grammars.constraint("json_schema", SCHEMA)
+                s.constraint = grammars.constraint("json_schema", schema)
     engine.retire(list(samplings))
     return times
 
@@ -77,17 +95,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--schema", choices=("person", "tools"), default="person")
+    parser.add_argument("--model", type=Path, default=None, help="a model folder (any shape)")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
-    engine, grammars = _engine_and_grammars(model_path(args.shape), args.threads)
-    run(engine, grammars, args.rows, 5, True, 99)  # warm up both paths
-    run(engine, grammars, args.rows, 5, False, 99)
+    path = args.model.expanduser() if args.model else model_path(args.shape)
+    engine, grammars = _engine_and_grammars(path, args.threads, args.dtype)
+    schema = tools_schema() if args.schema == "tools" else SCHEMA
+    rows, steps = args.rows, args.steps
+    run(engine, grammars, rows, 5, True, 99, schema)  # warm up both paths
+    run(engine, grammars, rows, 5, False, 99, schema)
     times: dict[str, list[float]] = {"free": [], "json": []}
     for r in range(args.rounds):
-        times["free"] += run(engine, grammars, args.rows, args.steps, False, r)
-        times["json"] += run(engine, grammars, args.rows, args.steps, True, r)
+        times["free"] += run(engine, grammars, rows, steps, False, r, schema)
+        times["json"] += run(engine, grammars, rows, steps, True, r, schema)
     free, json_ = (float(np.median(times[arm])) for arm in ("free", "json"))
     print(
-        f"shape {args.shape} (vocabulary {engine.vocab_size}), {args.rows} sequences, "
+        f"{path.name} ({args.dtype}, vocabulary {engine.vocab_size}), schema {args.schema}, "
+        f"{args.rows} sequences, "
         f"{args.rounds} x {args.steps} steps per arm, median step:"
     )
     print(f"  free  {free * 1000:8.2f} ms")

@@ -76,8 +76,9 @@ def base(redis_server: RedisServer, long_tiny: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def client(base: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+def client(base: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0) as client:
+        yield client
 
 
 def valid_calls(message, allowed: set[str]) -> list[str]:
@@ -278,7 +279,12 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_and_finishes(base: str) -> No
         ),
         tools=[get_weather],
     )
-    result = asyncio.run(Runner.run(agent, "Weather in Paris?", max_turns=4))
+
+    async def run():
+        async with client:  # closed on the loop that opened its connections
+            return await Runner.run(agent, "Weather in Paris?", max_turns=4)
+
+    result = asyncio.run(run())
     assert len(calls) == 1 and all(isinstance(v, str) for v in calls[0])
     assert isinstance(result.final_output, str)
     kinds = [item.type for item in result.new_items]
