@@ -73,13 +73,16 @@ def forced_calls(url: str, choices: int) -> int:
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
     valid = 0
-    for seed in range(choices // 10):
+    for seed in range(0, choices // 10 * 10, 10):  # choice c draws from seed + c
         answer = client.chat.completions.create(
             model="smol", messages=[{"role": "user", "content": "Weather in Lima?"}],
             tools=[tool], tool_choice="required", parallel_tool_calls=False, n=10,
-            temperature=1.0, seed=seed, max_tokens=128,
+            temperature=1.0, seed=seed, max_tokens=256,
+            extra_headers={"X-Microbatch-Timeout-Ms": "300000"},
         )  # fmt: skip
         for choice in answer.choices:
+            if choice.finish_reason != "tool_calls":
+                print(f"  not a call: {choice.finish_reason} {choice.message.content!r:.160}")
             for call in choice.message.tool_calls or []:
                 try:
                     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
