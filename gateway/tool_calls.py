@@ -67,7 +67,7 @@ def call_id() -> str:
     return "call_" + secrets.token_urlsafe(18)
 
 
-def forced_schema(tools: list[dict[str, Any]], named: str | None, parallel: bool) -> dict:
+def forced_schema(tools: list[dict[str, Any]], named: str | None, parallel: bool) -> dict[str, Any]:
     """The schema a forced answer follows: one call of `named`, or of any tool; a list of one
     or more calls where `parallel` (and no name is forced)."""
     chosen = [t for t in tools if named is None or t["name"] == named]
@@ -76,7 +76,7 @@ def forced_schema(tools: list[dict[str, Any]], named: str | None, parallel: bool
             "type": "object",
             "properties": {
                 "name": {"const": t["name"]},
-                "arguments": t.get("parameters") or ANY_OBJECT,
+                "arguments": closed(t.get("parameters") or ANY_OBJECT),
             },
             "required": ["name", "arguments"],
             "additionalProperties": False,
@@ -87,6 +87,30 @@ def forced_schema(tools: list[dict[str, Any]], named: str | None, parallel: bool
     if parallel and named is None:
         return {"type": "array", "items": call, "minItems": 1, "x-guidance": COMPACT}
     return {**call, "x-guidance": COMPACT}
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that does not say otherwise closed to the properties it
+    names (`additionalProperties: false`), as xgrammar's strict mode reads schemas in vLLM: a
+    weak model given room invents fields until its token budget ends."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _closed_member(key, value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _closed_member(key: str, value: Any) -> Any:
+    if key in ("properties", "$defs", "definitions", "patternProperties"):
+        return (
+            {name: closed(sub) for name, sub in value.items()} if isinstance(value, dict) else value
+        )
+    if key in ("items", "anyOf", "oneOf", "allOf", "not", "prefixItems"):
+        return closed(value)
+    return value
 
 
 def default_prompt(tools: list[dict[str, Any]]) -> str:

@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from gateway.tool_calls import COMPACT, ToolUse, as_text, default_prompt, forced_schema
+from gateway.tool_calls import (
+    COMPACT,
+    ToolUse,
+    as_text,
+    closed,
+    default_prompt,
+    forced_schema,
+)
 
 NAMES = frozenset({"get_weather", "get_time"})
 AUTO = ToolUse(NAMES, forced=False, parallel=False)
@@ -89,3 +96,28 @@ def test_the_default_prompt_lists_each_tool_and_the_format_it_parses() -> None:
     written = as_text("get_time", '{"zone": 2}')
     found = AUTO.calls(written)  # a past call is written as the parser reads one
     assert found is not None and json.loads(found[1][0].arguments) == {"zone": 2}
+
+
+def test_objects_that_do_not_say_otherwise_are_closed_to_their_properties() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "where": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"properties": {"k": {}}}},
+            "either": {"anyOf": [{"properties": {"a": {}}}, {"type": "string"}]},
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+        },
+        "$defs": {"d": {"properties": {"x": {}}}},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert props["where"]["additionalProperties"] is False
+    assert props["tags"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert props["either"]["anyOf"][1] == {"type": "string"}
+    assert props["open"]["additionalProperties"] is True  # said otherwise: kept
+    assert out["$defs"]["d"]["additionalProperties"] is False
+    assert "additionalProperties" not in schema  # the tool's own schema is not changed
+    args = forced_schema([{"name": "f", "parameters": schema}], "f", False)
+    assert args["properties"]["arguments"]["additionalProperties"] is False
