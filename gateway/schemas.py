@@ -286,8 +286,9 @@ class ChatCompletionRequest(GenerationParams):
         """A forced call is generated under its schema, as `response_format` answers are
         (gateway/tool_calls.py says why); a second format or streamed scores are refused."""
         mode = self.tool_mode
-        if mode != "none" and self.logprobs:
-            raise ValueError("logprobs cannot be combined with tools")
+        if mode != "none" and (self.logprobs or self.return_token_ids):
+            # a choice read for calls is sent whole: per-token details would not match it
+            raise ValueError("logprobs and return_token_ids cannot be combined with tools")
         if mode not in ("required", "named"):
             return self
         if self.response_format is not None and self.response_format.type != "text":

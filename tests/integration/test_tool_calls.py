@@ -210,7 +210,8 @@ def test_a_history_with_calls_and_tool_results_is_accepted(client) -> None:
     [  # the body's own contradictions are 422s, as every schema error; the rest 400s
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, 422, "not among"),
         ({"tool_choice": "required", "tools": None}, 422, "needs tools"),
-        ({"logprobs": True}, 422, "logprobs cannot be combined with tools"),
+        ({"logprobs": True}, 422, "cannot be combined with tools"),
+        ({"return_token_ids": True}, 422, "return_token_ids cannot be combined with tools"),
         (
             {"tool_choice": "required", "response_format": {"type": "json_object"}},
             422,
