@@ -23,6 +23,7 @@ from common.errors import (
     error_from_reply,
 )
 from common.protocol import ErrorReply, GenerationChunk
+from gateway.call_stream import CallStream
 from gateway.routes.answers import Format, Submitted, usage
 from gateway.schemas import GenerationParams
 from gateway.services import Services
@@ -67,6 +68,7 @@ class _Relay:
         self.n = sub.shape.n
         self.states = {(i, c): ChoiceState() for i in sub.ids for c in range(self.n)}
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self._calls: dict[tuple[str, int], CallStream] = {}  # forced tool calls, per choice
         for entry_id in sub.ids:
             services.router.expect_stream(entry_id, self.queue, sub.entries.model)
 
@@ -161,17 +163,33 @@ class _Relay:
         return self._data([choice]), False
 
     def _held(self, index: int, chunk: GenerationChunk, state: ChoiceState) -> bytes:
-        """A choice read for tool calls: its role at once, the rest when it ends (a call is
-        known only once its text is whole)."""
+        """A choice read for tool calls: its role at once; a forced call streamed as its
+        JSON grows (gateway/call_stream.py); free text whole when it ends (a call in it is
+        known only then)."""
+        tools = self.sub.shape.tools
+        assert tools is not None
         first, state.offset = state.offset < 0, 0
         state.held += chunk.text
-        tools = self.sub.shape.tools
-        if chunk.finish_reason and tools is not None:
-            return self._data([self.fmt.called(index, state.held, chunk, tools, False, first)])
-        if not first:
-            return b""
-        role = {"index": index, "delta": {"role": "assistant", "content": ""}}
-        return self._data([{**role, "logprobs": None, "finish_reason": None}])
+        opened = self._data([self._delta(index, {"role": "assistant", "content": ""})])
+        head = opened if first else b""
+        calls = self._calls.setdefault((chunk.id, chunk.choice), CallStream())
+        deltas = calls.feed(chunk.text) if tools.forced else []
+        if chunk.finish_reason and not calls.calls:  # nothing streamed as a call: read whole
+            return head + self._data(
+                [self.fmt.called(index, state.held, chunk, tools, False, False)]
+            )
+        if not deltas and not chunk.finish_reason:
+            return head
+        finish = None
+        if chunk.finish_reason:  # a call cut by max_tokens says so, as OpenAI's do
+            whole = chunk.finish_reason != "length" and tools.calls(state.held) is not None
+            finish = "tool_calls" if whole else chunk.finish_reason
+        delta = {"tool_calls": deltas} if deltas else {}
+        return head + self._data([self._delta(index, delta, finish)])
+
+    @staticmethod
+    def _delta(index: int, delta: dict, finish: str | None = None) -> dict:
+        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def close(self) -> None:
         """However the stream ended: stop listening, and cancel what still generates."""

@@ -160,18 +160,27 @@ def test_a_streamed_forced_call_arrives_as_tool_call_deltas(client) -> None:
     )
     chunks = list(stream)
     for chunk in chunks:
-        assert (
-            schema_errors(
-                "CreateChatCompletionStreamResponse", chunk.model_dump(exclude_unset=True)
-            )
-            == []
-        )
+        body = chunk.model_dump(exclude_unset=True)
+        assert schema_errors("CreateChatCompletionStreamResponse", body) == []
     assert chunks[0].choices[0].delta.role == "assistant"
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert len(deltas) == 1 and deltas[0].index == 0 and deltas[0].function.name == "get_weather"
-    jsonschema.validate(json.loads(deltas[0].function.arguments), WEATHER)
+    # the id and name first, then the arguments in fragments as they are generated
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert all(d.index == 0 and d.id is None for d in deltas[1:]) and len(deltas) > 3
+    arguments = "".join(d.function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(arguments), WEATHER)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert not any(c.choices[0].delta.content for c in chunks)
+
+
+def test_streamed_auto_text_that_is_no_call_arrives_as_content(client) -> None:
+    stream = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, temperature=0, max_tokens=6, stream=True
+    )
+    chunks = list(stream)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert content and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
 
 
 def test_a_history_with_calls_and_tool_results_is_accepted(client) -> None:
