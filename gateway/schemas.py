@@ -294,12 +294,16 @@ class ChatCompletionRequest(GenerationParams):
         if self.response_format is not None and self.response_format.type != "text":
             raise ValueError("response_format cannot be combined with a forced tool_choice")
         named = self.tool_choice.function.name if mode == "named" else None  # type: ignore[union-attr]
-        tools = [t.function.model_dump(exclude_none=True) for t in self.tools or []]
-        schema = forced_schema(tools, named, self.parallel_tool_calls)
+        schema = forced_schema(self.functions, named, self.parallel_tool_calls)
         self.response_format = ResponseFormat(
             type="json_schema", json_schema=JsonSchemaFormat(name="tool_calls", schema=schema)
         )
         return self
+
+    @property
+    def functions(self) -> list[dict[str, Any]]:
+        """The offered functions as plain dicts (name, description, parameters)."""
+        return [t.function.model_dump(exclude_none=True) for t in self.tools or []]
 
     @property
     def tool_use(self) -> ToolUse | None:

@@ -111,8 +111,7 @@ def _offered(messages: list[dict], prompt: str) -> list[dict]:
 async def _chat_prompt(
     services: Services, model: ModelEntry, req: ChatCompletionRequest
 ) -> Prompts:
-    tools = [t.function.model_dump(exclude_none=True) for t in req.tools or []]
-    text = render(model, req.messages, tools if req.tool_mode != "none" else None)
+    text = render(model, req.messages, req.functions if req.tool_mode != "none" else None)
     ids = await services.tokenize.run(len(text), model.tokenizer.encode_plain, text)
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
     return Prompts([ids], new_token_limits([ids], req.new_tokens, model.info.max_tokens, param))

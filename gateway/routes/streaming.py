@@ -170,11 +170,13 @@ class _Relay:
         assert tools is not None
         first, state.offset = state.offset < 0, 0
         state.held += chunk.text
-        opened = self._data([self._delta(index, {"role": "assistant", "content": ""})])
-        head = opened if first else b""
-        calls = self._calls.setdefault((chunk.id, chunk.choice), CallStream())
-        deltas = calls.feed(chunk.text) if tools.forced else []
-        if chunk.finish_reason and not calls.calls:  # nothing streamed as a call: read whole
+        role = {"role": "assistant", "content": ""}
+        head = self._data([self._delta(index, role)]) if first else b""  # only the first
+        calls = (
+            self._calls.setdefault((chunk.id, chunk.choice), CallStream()) if tools.forced else None
+        )
+        deltas = calls.feed(chunk.text) if calls is not None else []
+        if chunk.finish_reason and not (calls and calls.calls):  # no call streamed: read whole
             return head + self._data(
                 [self.fmt.called(index, state.held, chunk, tools, False, False)]
             )
