@@ -10,7 +10,7 @@
     ├── Unauthorized               401  missing or wrong API key
     ├── PermissionDenied           403  this key may not ask for that (interactive priority)
     ├── ModelNotFound              404  no worker has registered that model
-    ├── ObjectNotFound             404  no such file or batch (for this API key)
+    ├── ObjectNotFound             404  no such file, batch or response (for this key)
     ├── Conflict                   409  the object's state forbids it (cancel a finished batch)
     ├── RateLimited                429  this API key is over its rate (Retry-After)
     ├── ClientGone                 499  the client left before its answer (nginx's code)

@@ -22,6 +22,9 @@ Layout (prefix `mb` by default, `{model}` is a Redis Cluster hash tag):
     mb:{batch_…}:lease         the gateway driving the batch, while it drives it
     mb:batches:<owner>         sorted set: an owner's batch ids by creation (ms)
     mb:batches:active          set: batches not yet finished, for any gateway to drive
+    mb:{resp_…}:response       hash: a stored response (`/v1/responses`)
+    mb:{resp_…}:events         a background response's chunks, as its worker wrote them
+    mb:responses:active        sorted set: background responses not yet finished -> deadline
     mb:idem:<owner>:<digest>   an Idempotency-Key's attempt: running, or its kept answer
 
 Every `{model}` key of one model shares a Redis Cluster hash slot (the braces are its hash
@@ -110,6 +113,16 @@ class Keys:
     @property
     def active_batches(self) -> str:
         return f"{self.prefix}:batches:active"
+
+    def response(self, response_id: str) -> str:
+        return f"{self.prefix}:{{{response_id}}}:response"
+
+    def response_events(self, response_id: str) -> str:
+        return f"{self.prefix}:{{{response_id}}}:events"
+
+    @property
+    def active_responses(self) -> str:
+        return f"{self.prefix}:responses:active"
 
     def idempotency(self, owner: str, digest: str) -> str:
         return f"{self.prefix}:idem:{owner}:{digest}"

@@ -64,6 +64,24 @@ class BatchSettings(BaseSettings):
         description="how long the answer to a request with an `Idempotency-Key` is kept for "
         "its retries (per API key)",
     )
+    response_ttl_s: int = Field(
+        default=30 * 24 * 3600,
+        gt=0,
+        description="how long a stored response (`/v1/responses`, `store`) is kept, as OpenAI "
+        "keeps them: its conversation can be continued until then",
+    )
+    response_events_ttl_s: int = Field(
+        default=3600,
+        gt=0,
+        description="how long a background response's stream events are kept after it ends, "
+        "for a client that resumes it with `starting_after`",
+    )
+    max_stored_response_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        gt=0,
+        description="the largest conversation one stored response may hold (its items as "
+        "JSON, earlier turns included); a longer one is refused (400)",
+    )
     batch_output_ttl_s: int = Field(
         default=30 * 24 * 3600,
         gt=0,

@@ -50,7 +50,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "gateway_id",
         "processes",
     ),
-    "Files and batches": (
+    "Files, batches and responses": (
         "files_store",
         "files_dir",
         "max_file_bytes",
@@ -60,6 +60,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "batch_lease_ms",
         "batch_output_ttl_s",
         "idempotency_ttl_s",
+        "response_ttl_s",
+        "response_events_ttl_s",
+        "max_stored_response_bytes",
     ),
     "Worker: model and batching": (
         "model",

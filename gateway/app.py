@@ -41,6 +41,7 @@ from gateway.routes import (
     files,
     ops,
     rerank,
+    responses,
     tei,
     tokens,
 )
@@ -53,6 +54,12 @@ HOT_ROUTES = (
         chat.chat_completions,
         chat.SCHEMA,
         "Create chat completions (OpenAI-compatible; the model's chat template)",
+    ),
+    (
+        responses.ROUTE,
+        responses.create,
+        responses.SCHEMA,
+        "Create a model response (OpenAI's Responses API; stored, background, resumable)",
     ),
     (
         completions.ROUTE,
@@ -95,6 +102,7 @@ def _install_routes(app: GatewayApp) -> None:
     ops.install(app)
     files.install(app)
     batches.install(app)
+    responses.install(app)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -195,6 +203,11 @@ def _background(
             "reply-reader", services.router.run(stop), services.on_death_of("reply reader")
         ),
         spawn_supervised("catalog", services.catalog.run(stop), services.on_death_of("catalog")),
+        spawn_supervised(
+            "response-finisher",
+            services.finisher.run(stop),
+            services.on_death_of("response finisher"),
+        ),
     ]
 
 

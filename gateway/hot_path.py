@@ -139,13 +139,14 @@ class _Idempotent:
         await self.layer(scope, receive, send, self.dispatch)
 
 
-def _components_refs(node: Any) -> Any:
-    """Every `#/$defs/X` reference as `#/components/schemas/X`."""
+def _components_refs(node: Any, in_mapping: bool = False) -> Any:
+    """Every `#/$defs/X` reference as `#/components/schemas/X`: a `$ref`, and each value of
+    a discriminator's `mapping` (a tagged union's members)."""
     if isinstance(node, dict):
         return {
             key: value.replace("#/$defs/", "#/components/schemas/", 1)
-            if key == "$ref" and isinstance(value, str)
-            else _components_refs(value)
+            if (key == "$ref" or in_mapping) and isinstance(value, str)
+            else _components_refs(value, key == "mapping")
             for key, value in node.items()
         }
     if isinstance(node, list):

@@ -27,6 +27,8 @@ from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
 from gateway.files import DiskFiles, FileStore, RedisFiles
 from gateway.replies import ReplyRouter
+from gateway.responses.finisher import Finisher
+from gateway.responses.store import ResponseStore
 from gateway.tokenize import TokenizePool
 from gateway.waiting import Canceller
 
@@ -65,6 +67,13 @@ class Services:
             self.catalog.on_loads = self.affinity.update_loads
         self.files = open_files(settings, store, self.keys)
         self.batch_records = BatchRecords(store, self.keys)
+        self.responses = ResponseStore(store, self.keys)
+        self.finisher = Finisher(
+            self.responses,
+            self.canceller.cancel,
+            settings.response_ttl_s,
+            settings.response_events_ttl_s,
+        )
         self.batches_changed = asyncio.Event()  # a batch created or cancelled here: look now
         self.stop = asyncio.Event()
         self.batches_stop = asyncio.Event()  # set first on shutdown: hand batches back

@@ -108,9 +108,7 @@ def _offered(messages: list[dict], prompt: str) -> list[dict]:
     return [{"role": "system", "content": prompt}, *messages]
 
 
-async def _chat_prompt(
-    services: Services, model: ModelEntry, req: ChatCompletionRequest
-) -> Prompts:
+async def chat_prompt(services: Services, model: ModelEntry, req: ChatCompletionRequest) -> Prompts:
     text = render(model, req.messages, req.functions if req.tool_mode != "none" else None)
     ids = await services.tokenize.run(len(text), model.tokenizer.encode_plain, text)
     param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -118,4 +116,4 @@ async def _chat_prompt(
 
 
 async def chat_completions(request: Request) -> Response:
-    return await serve_generation(request, CHAT, ChatCompletionRequest, _chat_prompt)
+    return await serve_generation(request, CHAT, ChatCompletionRequest, chat_prompt)

@@ -115,6 +115,7 @@ def _entries(
     ask: _Ask,
     shape: Shape,
     checked: dict[str, Any],  # the stop list and sampling options, validated
+    reply_to: str | None = None,
 ) -> Submitted:
     start_ms, base = wall_ms(), services.next_id()
     deadline_ms = start_ms + ask.timeout_ms
@@ -127,7 +128,7 @@ def _entries(
             tokens=pack_tokens(prompt),
             deadline_ms=deadline_ms,
             priority=ask.priority,
-            reply_to=services.router.stream,
+            reply_to=reply_to or services.router.stream,
             enqueued_ms=start_ms,
             max_tokens=n_new,
             temperature=float(req.temperature),
@@ -183,7 +184,44 @@ async def serve_generation(
 
 async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     services, req, name, model = parsed.services, parsed.body, parsed.name, parsed.model
-    call, request_id = parsed.call, parsed.call.request_id
+    request_id = parsed.call.request_id
+    sub = await queued(parsed, req, prepare)
+    if req.stream:
+        return stream(services, fmt, model.info.name, request_id, req, sub)
+    finals = await finished(parsed, sub, req.candidates)
+    return Response(
+        whole_body(fmt, request_id, name, sub, finals),
+        200,
+        {
+            "X-Request-ID": request_id,
+            "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
+        },
+        media_type="application/json",
+    )
+
+
+async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[GenerationChunk]:
+    """Write the entries and wait for their final chunks; each worker that answered is
+    learnt as the one caching its prompt's prefix."""
+    services = parsed.services
+    try:
+        finals: list[GenerationChunk] = await submit(services, parsed.call, sub.entries, choices)  # type: ignore[assignment]
+    finally:
+        services.routes_answered(sub.entries.model, sub.owners)
+    for entry_id, names in zip(sub.ids, sub.routed, strict=True):
+        worker = next((c.worker for c in finals if c.id == entry_id), None)
+        if worker:
+            services.learn_route(names, worker)
+    return finals
+
+
+async def queued(
+    parsed: Parsed, req: Any, prepare: Prepare, reply_to: str | None = None
+) -> Submitted:
+    """A generation request's entries, checked, admitted and ready to write: `req` is the
+    body as a generation route reads it (the Responses route translates its own); `reply_to`
+    a stream of the caller's other than this gateway's (a background response's)."""
+    services, model, call = parsed.services, parsed.model, parsed.call
     with tracing.span(services.tracer, "prompt"):  # rendered and tokenized
         prompts = await prepare(services, model, req)
     tokens = _within_limits(services, req, prompts)
@@ -200,28 +238,10 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
     checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
-    ask = _Ask(request_id, call.priority, call.timeout_ms, session, parsed.entry_trace)
+    ask = _Ask(call.request_id, call.priority, call.timeout_ms, session, parsed.entry_trace)
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
-    sub = _entries(services, model, req, pairs, ask, _shape(model, req, prompts), checked)
-    if req.stream:
-        return stream(services, fmt, model.info.name, request_id, req, sub)
-    try:
-        finals: list[GenerationChunk] = await submit(services, call, sub.entries, req.candidates)  # type: ignore[assignment]
-    finally:
-        services.routes_answered(model.info.name, sub.owners)
-    for entry_id, names in zip(sub.ids, sub.routed, strict=True):
-        worker = next((c.worker for c in finals if c.id == entry_id), None)
-        if worker:
-            services.learn_route(names, worker)
-    return Response(
-        whole_body(fmt, request_id, name, sub, finals),
-        200,
-        {
-            "X-Request-ID": request_id,
-            "X-Microbatch-Worker": ",".join({c.worker for c in finals}),
-        },
-        media_type="application/json",
-    )
+    shape = _shape(model, req, prompts)
+    return _entries(services, model, req, pairs, ask, shape, checked, reply_to)
 
 
 def _shape(model: ModelEntry, req: Any, prompts: Prompts) -> Shape:
