@@ -87,8 +87,11 @@ class AffinityRouter:
             for w, n in self._reported.get(model, {}).items()
         }
 
-    def route(self, model: str, names: Sequence[bytes]) -> str | None:
-        worker = choose(self.index.owner(names)[0], self.loads(model), self.max_imbalance)
+    def route(self, model: str, names: Sequence[bytes], known: str | None = None) -> str | None:
+        """The worker for a prompt: `known` (the worker another gateway saw answer the
+        conversation's last turn, where one is stored) before this gateway's own index."""
+        owner = known or self.index.owner(names)[0]
+        worker = choose(owner, self.loads(model), self.max_imbalance)
         if worker is not None:
             self._in_flight[(model, worker)] = self._in_flight.get((model, worker), 0) + 1
         return worker

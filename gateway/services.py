@@ -99,11 +99,11 @@ class Services:
         return names_of(prompt, info.name, session)
 
     def generation_stream(
-        self, model: str, n_tokens: int, names: list[bytes]
+        self, model: str, n_tokens: int, names: list[bytes], known: str | None = None
     ) -> tuple[str, str | None]:
         """The stream of the worker caching this prompt's prefix, if one is live and not
         overloaded (and that worker); else its length bucket's, which any worker reads."""
-        worker = self.affinity.route(model, names) if self.affinity and names else None
+        worker = self.affinity.route(model, names, known) if self.affinity and names else None
         if names:
             metrics.affinity_routes_total.labels(model, "affine" if worker else "shared").inc()
         if worker is None:

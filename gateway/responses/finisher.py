@@ -99,11 +99,19 @@ class Finisher:
             final = events.final
             self._cancel(record["model"], [record["entry"]], deadline_ms)
         if final is not None:
-            await self.finished(response_id, final)
+            await self.finished(events)
         return final
 
-    async def finished(self, response_id: str, final: dict[str, Any]) -> None:
+    async def finished(self, events: Events) -> None:
+        """Store a background run's end, as its events concluded it."""
+        final, response_id = events.final, events.who.response_id
+        assert final is not None
         if await self._responses.finish(
-            response_id, final["status"], final, self._ttl_s, self._events_ttl_s
+            response_id,
+            final["status"],
+            final,
+            self._ttl_s,
+            self._events_ttl_s,
+            events.fold.worker,
         ):
             log.info("response %s %s", response_id, final["status"])

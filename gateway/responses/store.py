@@ -20,12 +20,13 @@ from common.store import Store
 from common.streams import StreamEntry, entries_of
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
-# KEYS: record, events; ARGV: status, object, record ttl (s), events ttl (s), terminal...
+# KEYS: record, events; ARGV: status, object, record ttl (s), events ttl (s), worker,
+# terminal statuses...
 _FINISH = """
 local now = redis.call('hget', KEYS[1], 'status')
 if not now then return 0 end
-for i = 5, #ARGV do if now == ARGV[i] then return 0 end end
-redis.call('hset', KEYS[1], 'status', ARGV[1], 'object', ARGV[2])
+for i = 6, #ARGV do if now == ARGV[i] then return 0 end end
+redis.call('hset', KEYS[1], 'status', ARGV[1], 'object', ARGV[2], 'worker', ARGV[5])
 redis.call('expire', KEYS[1], ARGV[3])
 if redis.call('exists', KEYS[2]) == 1 then redis.call('expire', KEYS[2], ARGV[4]) end
 return 1
@@ -60,12 +61,19 @@ class ResponseStore:
         return {_text(k): _text(v) for k, v in raw.items()} if raw else None
 
     async def finish(
-        self, response_id: str, status: str, body: dict[str, Any], ttl_s: int, events_ttl_s: int
+        self,
+        response_id: str,
+        status: str,
+        body: dict[str, Any],
+        ttl_s: int,
+        events_ttl_s: int,
+        worker: str = "",
     ) -> bool:
-        """Write the response's end unless it already has one; off the running list either
-        way. Whether this call wrote it."""
+        """Write the response's end (and the worker that answered it, which caches its
+        conversation) unless it already has one; off the running list either way. Whether
+        this call wrote it."""
         keys = [self._keys.response(response_id), self._keys.response_events(response_id)]
-        args = [status, orjson.dumps(body), ttl_s, events_ttl_s, *TERMINAL]
+        args = [status, orjson.dumps(body), ttl_s, events_ttl_s, worker, *TERMINAL]
         wrote = await self._store.eval(_FINISH, len(keys), *keys, *args)
         await self._store.zrem(self._keys.active_responses, response_id)
         return bool(wrote)

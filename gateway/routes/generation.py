@@ -104,6 +104,7 @@ class _Ask:
     priority: int
     timeout_ms: int
     session: str | None = None  # an explicit affinity key
+    known: str | None = None  # the worker known to cache the prompt's prefix (a stored turn's)
     trace: tracing.TraceContext = tracing.UNTRACED
 
 
@@ -142,7 +143,7 @@ def _entries(
             **checked,
         )
         names = services.affinity_names(model.info, prompt.tolist(), ask.session)
-        stream, worker = services.generation_stream(model.info.name, len(prompt), names)
+        stream, worker = services.generation_stream(model.info.name, len(prompt), names, ask.known)
         items.append((stream, encode(entry)))
         ids.append(entry.id)
         routed.append(names)
@@ -216,11 +217,16 @@ async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[Generat
 
 
 async def queued(
-    parsed: Parsed, req: Any, prepare: Prepare, reply_to: str | None = None
+    parsed: Parsed,
+    req: Any,
+    prepare: Prepare,
+    reply_to: str | None = None,
+    known: str | None = None,
 ) -> Submitted:
     """A generation request's entries, checked, admitted and ready to write: `req` is the
     body as a generation route reads it (the Responses route translates its own); `reply_to`
-    a stream of the caller's other than this gateway's (a background response's)."""
+    a stream of the caller's other than this gateway's (a background response's); `known`
+    the worker that answered the conversation's previous turn, which caches its prefix."""
     services, model, call = parsed.services, parsed.model, parsed.call
     with tracing.span(services.tracer, "prompt"):  # rendered and tokenized
         prompts = await prepare(services, model, req)
@@ -238,7 +244,7 @@ async def queued(
     checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     session = call.session or req.user
-    ask = _Ask(call.request_id, call.priority, call.timeout_ms, session, parsed.entry_trace)
+    ask = _Ask(call.request_id, call.priority, call.timeout_ms, session, known, parsed.entry_trace)
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
     shape = _shape(model, req, prompts)
     return _entries(services, model, req, pairs, ask, shape, checked, reply_to)

@@ -25,7 +25,7 @@ from gateway.routes.answers import Submitted
 from gateway.services import Services
 from gateway.submit import enqueue_within
 
-Finished = Callable[[str, dict[str, Any]], Awaitable[None]]  # (response id, its end)
+Finished = Callable[[Events], Awaitable[None]]  # stores a response's end (`events.final`)
 POLL_MS = 1000  # a stored stream's reader looks at the record at least this often
 
 
@@ -62,7 +62,7 @@ def live(services: Services, events: Events, sub: Submitted, finished: Finished)
         finally:
             services.routes_answered(model, sub.owners)
         if events.final is not None:
-            await finished(events.who.response_id, events.final)
+            await finished(events)
 
     def close() -> None:
         services.router.forget([entry_id])
@@ -122,7 +122,7 @@ def stored(
                 for out in shown(ended):
                     yield out
                 return
-        await finished(response_id, events.final)
+        await finished(events)
 
     return _Stream(run(), lambda: None)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -58,28 +59,48 @@ async def create(request: Request) -> Response:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """One turn, read: what it is, what its record holds, how it runs."""
+
+    who: Identity
+    record: dict[str, Any]
+    chat: ChatCompletionRequest
+    known: str | None  # the worker that answered the previous turn: it caches its prefix
+
+
 async def _create(parsed: Parsed[CreateResponse]) -> Response:
+    services, body = parsed.services, parsed.body
+    turn = await _turn(parsed)
+    if body.background:
+        return await _background(parsed, turn)
+    sub = await queued(parsed, turn.chat, chat_prompt, known=turn.known)
+    events = Events(turn.who)
+
+    async def store_end(events: Events) -> None:
+        final = events.final
+        if body.stored and final is not None:
+            ended = {"status": final["status"], "object": final, "worker": events.fold.worker}
+            await _store(services, turn.who.response_id, {**turn.record, **ended})
+
+    if body.stream:
+        return relay.live(services, events, sub, store_end)
+    events.opening()
+    for chunk in await finished(parsed, sub, 1):
+        events.feed(chunk, int(time.time()))
+    assert events.final is not None  # a final chunk ends its fold
+    await store_end(events)
+    return json_response(events.final)
+
+
+async def _turn(parsed: Parsed[CreateResponse]) -> _Turn:
+    """The turn's conversation (the previous response's, then this input), the chat
+    request it runs as, and its record."""
     services, body = parsed.services, parsed.body
     owner = owner_of(parsed.call.key)
     response_id = items.new_response_id(os.urandom(16))
-    earlier = await _history(services, owner, body.previous_response_id)
+    earlier, known = await _history(services, owner, body.previous_response_id)
     conversation = earlier + items.input_items(body, response_id)
-    chat = _as_chat(body, conversation, parsed.name)
-    who = Identity(
-        response_id,
-        int(time.time()),
-        items.echo(body, parsed.name),
-        chat.tool_use,
-        bool(body.background),
-    )
-    record = {
-        "owner": owner,
-        "created_at": str(who.created_at),
-        "identity": identity_fields(who),
-        "items": conversation,
-        "model": parsed.name,
-        "background": "1" if body.background else "0",
-    }
     if (
         body.stored
         and len(orjson.dumps(conversation)) > services.settings.max_stored_response_bytes
@@ -89,33 +110,24 @@ async def _create(parsed: Parsed[CreateResponse]) -> Response:
             "(max_stored_response_bytes); send store: false, or start a new one",
             param="input",
         )
-
-    async def store_end(_: str, final: dict[str, Any]) -> None:
-        if body.stored:
-            await _store(
-                services, response_id, {**record, "status": final["status"], "object": final}
-            )
-
-    if body.background:
-        return await _background(parsed, chat, who, record)
-    sub = await queued(parsed, chat, chat_prompt)
-    events = Events(who)
-    if body.stream:
-        return relay.live(services, events, sub, store_end)
-    events.opening()
-    for chunk in await finished(parsed, sub, 1):
-        events.feed(chunk, int(time.time()))
-    assert events.final is not None  # a final chunk ends its fold
-    await store_end(response_id, events.final)
-    return json_response(events.final)
+    chat = _as_chat(body, conversation, parsed.name)
+    echoed = items.echo(body, parsed.name)
+    who = Identity(response_id, int(time.time()), echoed, chat.tool_use, bool(body.background))
+    record = {
+        "owner": owner,
+        "created_at": str(who.created_at),
+        "identity": identity_fields(who),
+        "items": conversation,
+        "model": parsed.name,
+        "background": "1" if body.background else "0",
+    }
+    return _Turn(who, record, chat, known)
 
 
-async def _background(
-    parsed: Parsed[CreateResponse], chat: ChatCompletionRequest, who: Identity, record: dict
-) -> Response:
+async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     """Queue the run with its chunks bound for the response's own stream; the record first,
     so a gateway asked about it finds it however fast the worker is."""
-    services, response_id = parsed.services, who.response_id
+    services, who = parsed.services, turn.who
     limit = services.settings.reply_maxlen
 
     async def bounded(services: Services, model: ModelEntry, req: Any) -> Prompts:
@@ -128,16 +140,16 @@ async def _background(
             )
         return prompts
 
-    stream = services.responses.events_stream(response_id)
-    sub = await queued(parsed, chat, bounded, reply_to=stream)
+    stream = services.responses.events_stream(who.response_id)
+    sub = await queued(parsed, turn.chat, bounded, reply_to=stream, known=turn.known)
     entries = sub.entries
-    record = {**record, "status": "queued", "entry": sub.ids[0], "deadline_ms": entries.deadline_ms}
-    await _store(services, response_id, record)
+    running = {"status": "queued", "entry": sub.ids[0], "deadline_ms": entries.deadline_ms}
+    await _store(services, who.response_id, {**turn.record, **running})
     try:
         await enqueue_within(services, entries.items, entries.deadline_ms, entries.timeout_ms)
     except MicrobatchError:
         services.canceller.cancel(entries.model, sub.ids, entries.deadline_ms)
-        await services.responses.delete(response_id)
+        await services.responses.delete(who.response_id)
         raise
     finally:
         services.routes_answered(entries.model, sub.owners)
@@ -150,10 +162,13 @@ async def _store(services: Services, response_id: str, record: dict[str, Any]) -
     await services.responses.put(response_id, record, services.settings.response_ttl_s)
 
 
-async def _history(services: Services, owner: str, previous: str | None) -> list[dict]:
-    """The conversation so far: the previous response's items and what it answered."""
+async def _history(
+    services: Services, owner: str, previous: str | None
+) -> tuple[list[dict], str | None]:
+    """The conversation so far (the previous response's items and what it answered), and
+    the worker that answered it."""
     if previous is None:
-        return []
+        return [], None
     record = await _owned(services, owner, previous, "previous_response_id")
     if record.get("status") not in ("completed", "incomplete"):
         raise InvalidRequest(
@@ -162,7 +177,7 @@ async def _history(services: Services, owner: str, previous: str | None) -> list
             param="previous_response_id",
         )
     answer = orjson.loads(record["object"])["output"]
-    return [*orjson.loads(record["items"]), *answer]
+    return [*orjson.loads(record["items"]), *answer], record.get("worker") or None
 
 
 def _as_chat(body: CreateResponse, conversation: list[dict], model: str) -> ChatCompletionRequest:
@@ -216,7 +231,7 @@ async def _current(services: Services, response_id: str, record: dict[str, str])
     who = identity_of(response_id, record)
     events = await replay(services.responses, who)
     if events.final is not None:
-        await services.finisher.finished(response_id, events.final)
+        await services.finisher.finished(events)
         return events.final
     return who.object("in_progress" if events.fold.attempts else "queued")
 

@@ -82,3 +82,18 @@ def test_session_names_are_one_16_byte_name_per_model_and_session() -> None:
     assert len(first) == 16
     assert names_of([1, 2], "m", "s1") == [first]  # the prompt does not matter
     assert names_of(SYSTEM, "m", "s2") != [first] and names_of(SYSTEM, "n", "s1") != [first]
+
+
+def test_a_worker_known_from_the_store_wins_over_this_gateways_index_within_the_bound() -> None:
+    """A stored response names the worker that answered it: another gateway, whose own index
+    never saw the conversation (or saw an older turn elsewhere), routes the next turn there,
+    unless that worker is overloaded or gone."""
+    router = AffinityRouter(max_imbalance=2)
+    names = names_of(SYSTEM, "m", None)
+    router.learn(names, "a")
+    router.update_loads("m", {"a": 0, "b": 0})
+    assert router.route("m", names, known="b") == "b"
+    assert router.route("m", names_of([9, 9, 9], "m", None), known="b") == "b"  # index blind
+    assert router.route("m", names, known="gone") is None
+    router.update_loads("m", {"a": 0, "b": 5})
+    assert router.route("m", names, known="b") is None
