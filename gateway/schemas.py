@@ -284,15 +284,15 @@ class ChatCompletionRequest(GenerationParams):
     @model_validator(mode="after")
     def _forced_call_as_a_schema(self) -> ChatCompletionRequest:
         """A forced call is generated under its schema, as `response_format` answers are
-        (gateway/tool_calls.py says why); a second format or streamed scores are refused."""
+        (gateway/tool_calls.py says why); streamed scores are refused. A `response_format`
+        shapes a text answer, and a forced call's turn has none: the call's schema applies
+        (as OpenAI answers, and as agent SDKs that send both on every turn expect)."""
         mode = self.tool_mode
         if mode != "none" and (self.logprobs or self.return_token_ids):
             # a choice read for calls is sent whole: per-token details would not match it
             raise ValueError("logprobs and return_token_ids cannot be combined with tools")
         if mode not in ("required", "named"):
             return self
-        if self.response_format is not None and self.response_format.type != "text":
-            raise ValueError("response_format cannot be combined with a forced tool_choice")
         named = self.tool_choice.function.name if mode == "named" else None  # type: ignore[union-attr]
         schema = forced_schema(self.functions, named, self.parallel_tool_calls)
         self.response_format = ResponseFormat(

@@ -222,11 +222,6 @@ def test_a_history_with_calls_and_tool_results_is_accepted(client) -> None:
         ({"logprobs": True}, 422, "cannot be combined with tools"),
         ({"return_token_ids": True}, 422, "return_token_ids cannot be combined with tools"),
         (
-            {"tool_choice": "required", "response_format": {"type": "json_object"}},
-            422,
-            "response_format cannot be combined",
-        ),
-        (
             {
                 "tool_choice": "required",
                 "tools": [
@@ -302,3 +297,38 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_and_finishes(base: str) -> No
         kinds[:2] == ["tool_call_item", "tool_call_output_item"]
         and kinds[-1] == "message_output_item"
     )
+
+
+def test_a_langchain_chat_model_binds_tools_and_gets_calls(base: str) -> None:
+    """LangChain's `ChatOpenAI(...).bind_tools(...)`, unchanged: a forced call comes back as
+    its `tool_calls` (parsed arguments), whole and streamed."""
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(
+        model="tiny", base_url=f"{base}/v1", api_key="none", max_retries=0, max_tokens=200
+    )
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+    bound = chat.bind_tools([weather], tool_choice="get_weather")
+    message = bound.invoke("What is the weather in Paris?")
+    assert [c["name"] for c in message.tool_calls] == ["get_weather"]
+    jsonschema.validate(message.tool_calls[0]["args"], WEATHER)
+    whole = None
+    for piece in bound.stream("And in Rome?"):
+        whole = piece if whole is None else whole + piece
+    assert whole is not None and [c["name"] for c in whole.tool_calls] == ["get_weather"]
+    jsonschema.validate(whole.tool_calls[0]["args"], WEATHER)
+
+
+def test_a_forced_call_with_a_response_format_is_the_call(client) -> None:
+    """The format shapes a text answer; a forced turn answers a call, under its schema."""
+    answer = client.chat.completions.create(
+        model="tiny",
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        response_format={"type": "json_object"},
+        max_tokens=200,
+    )
+    calls = answer.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), CLOCK)
