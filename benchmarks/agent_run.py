@@ -1,12 +1,14 @@
 """Tool calling on a trained model: forced calls sampled, then an OpenAI Agents SDK agent.
 
     ../shared/models/fetch-trained.sh                  # SmolLM2-135M-Instruct, once
-    .venv/bin/python benchmarks/agent_run.py           # 200 forced calls, 10 agent runs
+    .venv/bin/python benchmarks/agent_run.py           # 200 forced calls, 10 + 10 agent runs
 
 First `--calls` choices (temperature 1, seeded, 10 per request) with `tool_choice` required
 and one call each: how many parse and validate against the tool's schema (goal: all).
 
-Each run asks for the weather in another city; the first turn must call the tool
+The agent runs twice over: on chat completions (`OpenAIChatCompletionsModel`) and on the
+Responses API (`OpenAIResponsesModel`, the SDK's default, streamed). Each run asks for the
+weather in another city; the first turn must call the tool
 (`tool_choice` required, the SDK resets it to auto after), the tool answers a temperature
 drawn for that run, and the run ends with the model's answer. Printed per run: whether it
 completed, the call's arguments (valid against the tool's schema: the grammar guarantees it),
@@ -28,9 +30,16 @@ from benchmarks.embed_servers import microbatch_serve
 CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Quito", "Rome", "Seoul", "Perth"]
 
 
-async def one_run(url: str, city: str, degrees: int) -> dict:
+async def one_run(url: str, city: str, degrees: int, api: str) -> dict:
     import openai
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+    )
 
     calls: list[str] = []
 
@@ -44,7 +53,9 @@ async def one_run(url: str, city: str, degrees: int) -> dict:
     agent = Agent(
         name="weather",
         instructions="You answer questions about the weather using the get_weather tool.",
-        model=OpenAIChatCompletionsModel(model="smol", openai_client=client),
+        model=(OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel)(
+            model="smol", openai_client=client
+        ),
         model_settings=ModelSettings(
             tool_choice="required", temperature=0.0, max_tokens=96, parallel_tool_calls=False
         ),
@@ -92,14 +103,14 @@ def forced_calls(url: str, choices: int) -> int:
     return valid
 
 
-async def all_runs(url: str, runs: int) -> tuple[int, int, int]:
+async def all_runs(url: str, runs: int, api: str) -> tuple[int, int, int]:
     """Completed runs, runs that called the tool, answers that quote its output."""
     rng = random.Random(0)
     done = called = used = 0
     for i in range(runs):
         city, degrees = CITIES[i % len(CITIES)], rng.randint(3, 39)
         try:
-            run = await one_run(url, city, degrees)
+            run = await one_run(url, city, degrees, api)
         except Exception as exc:  # a run that fails is counted, with why
             print(f"{city}: FAILED {exc!r}"[:300])
             continue
@@ -128,11 +139,12 @@ def main() -> None:
     ):
         valid = forced_calls(s.url, args.calls)
         print(f"forced calls that parse and validate: {valid}/{args.calls // 10 * 10}")
-        done, called, used = asyncio.run(all_runs(s.url, args.runs))
-    print(
-        f"completed {done}/{args.runs}, tool called {called}/{args.runs}, "
-        f"answer quotes the tool's output {used}/{args.runs}"
-    )
+        for api in ("chat", "responses"):
+            done, called, used = asyncio.run(all_runs(s.url, args.runs, api))
+            print(
+                f"{api}: completed {done}/{args.runs}, tool called {called}/{args.runs}, "
+                f"answer quotes the tool's output {used}/{args.runs}"
+            )
 
 
 if __name__ == "__main__":
