@@ -85,7 +85,7 @@ class GatewayApp(FastAPI):
                 for operation in operations.values():
                     body = operation.get("requestBody", {}).get("content", {})
                     for media in body.values():
-                        schemas.update(media.get("schema", {}).pop("$defs", {}))
+                        _merge(schemas, media.get("schema", {}).pop("$defs", {}))
             self.openapi_schema = _components_refs(spec)
         return self.openapi_schema
 
@@ -137,6 +137,15 @@ class _Idempotent:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         await self.layer(scope, receive, send, self.dispatch)
+
+
+def _merge(schemas: dict[str, Any], definitions: dict[str, Any]) -> None:
+    """Body definitions into the document's one namespace: two bodies that name different
+    models alike would point each other's references at the wrong one (a Responses
+    `FunctionTool` once replaced chat's), so that fails here, at the first `/openapi.json`."""
+    for name, definition in definitions.items():
+        if schemas.setdefault(name, definition) != definition:
+            raise RuntimeError(f"two request bodies define different schemas named {name!r}")
 
 
 def _components_refs(node: Any, in_mapping: bool = False) -> Any:

@@ -14,7 +14,9 @@ import logging
 from typing import Any
 
 import orjson
+from redis.exceptions import RedisError
 
+from common.backoff import Backoff
 from common.clock import wall_ms
 from common.streams import id_order
 from gateway.responses.events import Events, Identity
@@ -24,6 +26,7 @@ from gateway.tool_calls import ToolUse
 log = logging.getLogger("microbatch.gateway")
 EVERY_S = 0.5
 GRACE_MS = 2000  # past its deadline, a worker may still be writing its last chunk
+PAGE = 64  # running responses read from the list at a time
 
 
 def identity_of(response_id: str, record: dict[str, str]) -> Identity:
@@ -71,36 +74,68 @@ async def replay(responses: ResponseStore, who: Identity) -> Events:
 
 
 class Finisher:
+    """Follows every running background response, each from the last chunk it read, so a
+    pass costs one read per response and what is new, never a response's whole history."""
+
     def __init__(
         self, responses: ResponseStore, cancel: Any, ttl_s: int, events_ttl_s: int
     ) -> None:
         self._responses, self._cancel = responses, cancel
         self._ttl_s, self._events_ttl_s = ttl_s, events_ttl_s
+        self._following: dict[str, tuple[Events, str]] = {}  # id -> (its events, last read)
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Every pass looks at every running response, a page at a time: one that ended
+        must be written before its chunks' time to live runs out. Redis unreachable (a
+        restart, a failover) is waited out, never the end of the task."""
+        backoff = Backoff()
         while not stop.is_set():
-            for response_id, deadline_ms in await self._responses.running(64):
-                await self.settle(response_id, deadline_ms)
+            try:
+                await self._pass()
+                backoff.reset()
+            except RedisError as exc:
+                await backoff.wait(log, "response finisher", exc)
+                continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), EVERY_S)
+
+    async def _pass(self) -> None:
+        start, seen = 0, set()
+        while page := await self._responses.running(start, PAGE):
+            for response_id, deadline_ms in page:
+                seen.add(response_id)
+                await self.settle(response_id, deadline_ms)
+            start += PAGE
+        for gone in self._following.keys() - seen:
+            del self._following[gone]
 
     async def settle(self, response_id: str, deadline_ms: int) -> dict[str, Any] | None:
         """Finish the run if its chunks end it or its deadline has passed; its final
         `Response`, or None while it runs."""
-        record = await self._responses.get(response_id)
-        if record is None or record.get("status") in TERMINAL:
-            await self._responses.forget(response_id)
-            return orjson.loads(record["object"]) if record and record.get("object") else None
-        who = identity_of(response_id, record)
-        events = await replay(self._responses, who)
-        final = events.final
-        if final is None and wall_ms() > deadline_ms + GRACE_MS:
+        followed = self._following.get(response_id)
+        if followed is None:
+            record = await self._responses.get(response_id)
+            if record is None or record.get("status") in TERMINAL:
+                await self._responses.forget(response_id)
+                return None
+            events = Events(identity_of(response_id, record))
+            events.opening()
+            followed = (events, "0-0")
+        events, after = followed
+        while events.final is None and (found := await self._responses.chunks(response_id, after)):
+            for entry in found:
+                after = entry.entry_id
+                events.feed(stored_reply(entry.payload), id_order(after)[0] // 1000)
+        self._following[response_id] = (events, after)
+        if events.final is None and wall_ms() > deadline_ms + GRACE_MS:
             events.failed("the response did not finish within its deadline")
-            final = events.final
-            self._cancel(record["model"], [record["entry"]], deadline_ms)
-        if final is not None:
+            record = await self._responses.get(response_id)
+            if record is not None:
+                self._cancel(record["model"], [record["entry"]], deadline_ms)
+        if events.final is not None:
             await self.finished(events)
-        return final
+            self._following.pop(response_id, None)
+        return events.final
 
     async def finished(self, events: Events) -> None:
         """Store a background run's end, as its events concluded it."""

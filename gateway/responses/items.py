@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.responses.schema import CreateResponse, MessageItem
+from gateway.responses.schema import CreateResponse, ResponseMessageItem
 from gateway.tool_calls import Call
 
 _PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
@@ -27,14 +27,14 @@ def _stem(response_id: str) -> str:
 def input_items(body: CreateResponse, response_id: str) -> list[dict[str, Any]]:
     """This turn's input as stored items (OpenAI's item resources), each with an id."""
     given = (
-        [MessageItem(role="user", content=body.input)]
+        [ResponseMessageItem(role="user", content=body.input)]
         if isinstance(body.input, str)
         else body.input
     )
     out = []
     for n, item in enumerate(given):
         item_id = item.id or f"{_PREFIX[item.type]}_{_stem(response_id)}_in{n}"
-        if isinstance(item, MessageItem):
+        if isinstance(item, ResponseMessageItem):
             out.append(_message(item, item_id))
         elif item.type == "function_call":
             out.append({**item.model_dump(exclude_none=True), "id": item_id, "status": "completed"})
@@ -52,7 +52,7 @@ def input_items(body: CreateResponse, response_id: str) -> list[dict[str, Any]]:
     return out
 
 
-def _message(item: MessageItem, item_id: str) -> dict[str, Any]:
+def _message(item: ResponseMessageItem, item_id: str) -> dict[str, Any]:
     text = item.text()
     if item.role == "assistant":
         return output_message(item_id, text)

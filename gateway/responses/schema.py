@@ -27,23 +27,23 @@ MAX_ITEMS = 1024
 Metadata = dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]]
 
 
-class _Item(BaseModel):
+class _ResponseItem(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     id: StrictStr | None = Field(default=None, max_length=256)
 
 
-class InputText(BaseModel):
+class ResponseInputText(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["input_text", "output_text"]
     text: StrictStr
 
 
-class MessageItem(_Item):
+class ResponseMessageItem(_ResponseItem):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: StrictStr | list[InputText]
+    content: StrictStr | list[ResponseInputText]
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -51,17 +51,17 @@ class MessageItem(_Item):
         return "".join(part.text for part in self.content)
 
 
-class FunctionCallItem(_Item):
+class ResponseFunctionCallItem(_ResponseItem):
     type: Literal["function_call"]
     call_id: StrictStr = Field(max_length=256)
     name: StrictStr = Field(max_length=64)
     arguments: StrictStr
 
 
-class FunctionCallOutputItem(_Item):
+class ResponseFunctionCallOutputItem(_ResponseItem):
     type: Literal["function_call_output"]
     call_id: StrictStr = Field(max_length=256)
-    output: StrictStr | list[InputText]
+    output: StrictStr | list[ResponseInputText]
 
     def text(self) -> str:
         if isinstance(self.output, str):
@@ -70,11 +70,12 @@ class FunctionCallOutputItem(_Item):
 
 
 InputItem = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+    ResponseMessageItem | ResponseFunctionCallItem | ResponseFunctionCallOutputItem,
+    Field(discriminator="type"),
 ]
 
 
-class FunctionTool(BaseModel):
+class ResponseFunctionTool(BaseModel):
     """A Responses function tool: flat (`name` beside `type`), unlike chat's."""
 
     model_config = ConfigDict(extra="ignore")
@@ -86,14 +87,14 @@ class FunctionTool(BaseModel):
     strict: bool | None = None
 
 
-class NamedFunction(BaseModel):
+class ResponseNamedFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     type: Literal["function"]
     name: StrictStr
 
 
-class TextFormat(BaseModel):
+class ResponseTextFormat(BaseModel):
     """`text.format`: plain text, any JSON object, or one JSON schema (flat, as Responses
     writes it: `name` and `schema` beside `type`)."""
 
@@ -106,7 +107,7 @@ class TextFormat(BaseModel):
     strict: bool | None = None
 
     @model_validator(mode="after")
-    def _schema_with_its_type(self) -> TextFormat:
+    def _schema_with_its_type(self) -> ResponseTextFormat:
         if (self.type == "json_schema") != (self.schema_ is not None and self.name is not None):
             raise ValueError(
                 "text.format needs name and schema with type json_schema, and only then"
@@ -122,10 +123,10 @@ class TextFormat(BaseModel):
         )
 
 
-class TextParam(BaseModel):
+class ResponseTextParam(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    format: TextFormat = Field(default_factory=TextFormat)
+    format: ResponseTextFormat = Field(default_factory=ResponseTextFormat)
     verbosity: Literal["medium"] | None = None  # low/high would change the answer: refused
 
 
@@ -135,10 +136,10 @@ class CreateResponse(BaseModel):
     model: StrictStr | None = Field(default=None, max_length=256)
     input: StrictStr | list[InputItem] = Field(max_length=MAX_ITEMS)
     instructions: StrictStr | None = None
-    tools: list[FunctionTool] | None = Field(default=None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tools: list[ResponseFunctionTool] | None = Field(default=None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | ResponseNamedFunction | None = None
     parallel_tool_calls: bool | None = None
-    text: TextParam | None = None
+    text: ResponseTextParam | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -193,7 +194,7 @@ class CreateResponse(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError("two tools share a name")
         choice = self.tool_choice
-        if isinstance(choice, NamedFunction) and choice.name not in names:
+        if isinstance(choice, ResponseNamedFunction) and choice.name not in names:
             raise ValueError(f"tool_choice names {choice.name!r}, not among the tools")
         if choice == "required" and not names:
             raise ValueError("tool_choice required needs tools")

@@ -87,9 +87,11 @@ class ResponseStore:
         """Off the running list (it ended, or its record is gone)."""
         await self._store.zrem(self._keys.active_responses, response_id)
 
-    async def running(self, count: int) -> list[tuple[str, int]]:
-        """Background responses not yet finished, soonest deadline first: (id, deadline ms)."""
-        found = await self._store.zrange(self._keys.active_responses, 0, count - 1, withscores=True)
+    async def running(self, start: int, count: int) -> list[tuple[str, int]]:
+        """Background responses not yet finished, soonest deadline first, from the
+        `start`th: (id, deadline ms)."""
+        key = self._keys.active_responses
+        found = await self._store.zrange(key, start, start + count - 1, withscores=True)
         return [(_text(i), int(score)) for i, score in found]
 
     async def chunks(

@@ -471,3 +471,30 @@ def test_an_openai_agents_sdk_agent_runs_on_the_responses_api(gateways) -> None:
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds
     assert kinds[-1] == "message_output_item" and isinstance(result.final_output, Forecast)
+
+
+def test_a_background_run_nobody_reads_is_finished_by_the_gateways(
+    clients, own_redis: RedisServer
+) -> None:
+    """No client polls or streams it: the gateways' finisher writes its end into the record
+    on its own (before its chunks' time to live could run out), and drops it from the
+    running list."""
+    import redis
+
+    from common.keys import Keys
+
+    made = _response(clients[0], input="Alone", max_output_tokens=16, background=True)
+    keys, store = Keys(PREFIX), redis.Redis.from_url(own_redis.url)
+    status = wait_until(
+        lambda: store.hget(keys.response(made["id"]), "status"),
+        60,
+        "the finisher wrote the run's end",
+        until=lambda s: s in (b"completed", b"incomplete"),
+    )
+    assert status in (b"completed", b"incomplete")
+    assert store.zscore(keys.active_responses, made["id"]) is None
+    assert store.ttl(keys.response_events(made["id"])) <= 3600  # kept an hour, then gone
+    final = json.loads(store.hget(keys.response(made["id"]), "object"))
+    _valid("Response", final)
+    assert store.hget(keys.response(made["id"]), "worker")  # names who answered it
+    store.close()

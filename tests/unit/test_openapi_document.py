@@ -27,3 +27,17 @@ def test_every_reference_in_the_openapi_document_resolves() -> None:
         assert ref.startswith("#/components/schemas/"), ref
         assert ref.rsplit("/", 1)[1] in schemas, ref
     assert "$defs" not in json.dumps(spec["paths"])
+
+
+def test_two_bodies_naming_different_models_alike_fail_the_document() -> None:
+    """Every body's definitions share one namespace: a name defined twice differently would
+    point one route's references at the other's model (the Responses API's `FunctionTool`
+    once replaced chat's, and the fuzz drew only invalid chat bodies)."""
+    import pytest
+
+    from gateway.hot_path import _merge
+
+    schemas = {"FunctionTool": {"type": "object", "required": ["name"]}}
+    _merge(schemas, {"FunctionTool": {"type": "object", "required": ["name"]}})  # the same
+    with pytest.raises(RuntimeError, match="FunctionTool"):
+        _merge(schemas, {"FunctionTool": {"type": "object", "required": ["type", "name"]}})
