@@ -18,6 +18,8 @@ from gateway.responses import items
 from gateway.responses.fold import Fold
 from gateway.tool_calls import ToolUse
 
+_ENDING = {"completed": "completed", "incomplete": "incomplete"}  # else response.failed
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -112,12 +114,13 @@ class Events:
         return self._closing(self.final)
 
     def end_with(self, final: dict[str, Any]) -> list[dict[str, Any]]:
-        """A response that ended in its record without its chunks saying so (failed at its
-        deadline, cancelled): its last event, none for a cancel (OpenAI has no such event)."""
+        """A response whose record ended it where its chunks do not say so (failed at its
+        deadline, cancelled, or its chunks expired after it ended): its last event, none for
+        a cancel (OpenAI has no such event)."""
         self.final = final
         if final["status"] == "cancelled":
             return []
-        return [self._event("response.failed", response=final)]
+        return [self._event(f"response.{_ENDING.get(final['status'], 'failed')}", response=final)]
 
     def _text_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return self._event(
@@ -138,8 +141,8 @@ class Events:
         else:
             for index, item in enumerate(output):
                 out += self._item(index, item)
-        ending = {"completed": "completed", "incomplete": "incomplete"}.get(final["status"])
-        out.append(self._event(f"response.{ending or 'failed'}", response=final))
+        ending = _ENDING.get(final["status"], "failed")
+        out.append(self._event(f"response.{ending}", response=final))
         return out
 
     def _message_done(self, message: dict[str, Any]) -> list[dict[str, Any]]:

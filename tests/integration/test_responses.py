@@ -6,11 +6,9 @@ published schema; what cannot be honoured is a 4xx naming the field."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal
 
 import httpx
 import jsonschema
@@ -21,6 +19,7 @@ from pydantic import BaseModel, Field
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
 from tests.integration.in_process import InProcess
+from tests.integration.weather_agent import run_agent
 from tests.openai import schema_errors
 
 PREFIX = "mbresp"
@@ -428,45 +427,9 @@ def test_an_openai_agents_sdk_agent_runs_on_the_responses_api(gateways) -> None:
     """The Agents SDK's default model (`OpenAIResponsesModel`, streaming the Responses
     API), unchanged: the first turn must call the tool, the SDK runs it and sends its output
     back as a `function_call_output` item, and the run ends with a message."""
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIResponsesModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
-
-    set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
-    calls: list[tuple[str, str]] = []
-
-    @function_tool  # bounded, so a random model's string closes within max_tokens
-    def get_weather(
-        city: Annotated[str, Field(max_length=12)], unit: Literal["celsius", "fahrenheit"]
-    ) -> str:
-        """The weather in a city."""
-        calls.append((city, unit))
-        return f"18 degrees {unit} in {city}"
-
-    client = openai.AsyncOpenAI(base_url=f"{gateways[0]}/v1", api_key="none", max_retries=0)
-    agent = Agent(
-        name="weather",
-        instructions="Answer with the weather.",
-        model=OpenAIResponsesModel(model="tiny", openai_client=client),
-        model_settings=ModelSettings(
-            tool_choice="required", temperature=1.0, max_tokens=200, parallel_tool_calls=False
-        ),
-        # the SDK fails a turn that ends `incomplete`: the last answer is structured output
-        # (`text.format`), so even a random model's ends, where its free text would not
-        output_type=Forecast,
-        tools=[get_weather],
-    )
-
-    async def run():
-        async with client:  # closed on the loop that opened its connections
-            return await Runner.run(agent, "Weather in Paris?", max_turns=4)
-
-    result = asyncio.run(run())
+    # the SDK fails a turn that ends `incomplete`: the last answer is structured output
+    # (`text.format`), so even a random model's ends, where its free text would not
+    result, calls = run_agent(gateways[0], "OpenAIResponsesModel", output_type=Forecast)
     assert len(calls) == 1 and all(isinstance(v, str) for v in calls[0])
     kinds = [item.type for item in result.new_items]
     assert kinds[:2] == ["tool_call_item", "tool_call_output_item"], kinds

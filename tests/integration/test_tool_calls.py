@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Literal
 
 import httpx
 import jsonschema
 import openai
 import pytest
-from pydantic import Field
 
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
 from tests.integration.in_process import InProcess
+from tests.integration.weather_agent import run_agent
 from tests.openai import schema_errors
 
 WEATHER = {
@@ -252,44 +251,7 @@ def test_an_openai_agents_sdk_agent_calls_its_tool_and_finishes(base: str) -> No
     (`tool_choice` required), the SDK runs it and feeds the result back, and the run ends
     with an answer. A random-weight model's answer is noise; a trained model's use of the
     result is measured by benchmarks/agent_run.py."""
-    import asyncio
-
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
-
-    set_tracing_disabled(True)  # the SDK would export its traces to OpenAI
-    calls: list[tuple[str, str]] = []
-
-    @function_tool  # bounded, so a random model's string closes within max_tokens
-    def get_weather(
-        city: Annotated[str, Field(max_length=12)], unit: Literal["celsius", "fahrenheit"]
-    ) -> str:
-        """The weather in a city."""
-        calls.append((city, unit))
-        return f"18 degrees {unit} in {city}"
-
-    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
-    agent = Agent(
-        name="weather",
-        instructions="Answer with the weather.",
-        model=OpenAIChatCompletionsModel(model="tiny", openai_client=client),
-        model_settings=ModelSettings(
-            tool_choice="required", temperature=1.0, max_tokens=200, parallel_tool_calls=False
-        ),
-        tools=[get_weather],
-    )
-
-    async def run():
-        async with client:  # closed on the loop that opened its connections
-            return await Runner.run(agent, "Weather in Paris?", max_turns=4)
-
-    result = asyncio.run(run())
+    result, calls = run_agent(base, "OpenAIChatCompletionsModel")
     assert len(calls) == 1 and all(isinstance(v, str) for v in calls[0])
     assert isinstance(result.final_output, str)
     kinds = [item.type for item in result.new_items]

@@ -200,3 +200,13 @@ def test_a_conversation_becomes_chat_messages() -> None:
 def test_what_is_not_served_is_refused_by_name(extra: dict, why: str) -> None:
     with pytest.raises(ValidationError, match=why):
         CreateResponse.model_validate({"input": "hi", **extra})
+
+
+def test_an_end_read_from_the_record_is_announced_by_its_status() -> None:
+    """A stream resumed after the run's chunks expired ends with the stored response, under
+    the event its status names (not as a failure); a cancel ends it with no event."""
+    events = _events()
+    final = {**events.who.object("completed"), "output": []}
+    assert [e["type"] for e in events.end_with(final)] == ["response.completed"]
+    assert _events().end_with({**final, "status": "failed"})[0]["type"] == "response.failed"
+    assert _events().end_with({**final, "status": "cancelled"}) == []
