@@ -21,6 +21,11 @@ request_duration_seconds = Histogram(
 )
 inflight_requests = Gauge("microbatch_inflight_requests", "HTTP requests being served")
 rejected_total = Counter("microbatch_rejected_total", "Requests refused at admission", ["reason"])
+tenants_reloads_total = Counter(
+    "microbatch_tenants_reloads_total",
+    "Changed tenants files read again: `applied`, or `refused` (the last good one kept)",
+    ["outcome"],
+)
 duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )

@@ -29,6 +29,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "admin_port",
         "public_docs",
         "api_keys",
+        "tenants",
         "interactive_api_keys",
         "allow_unauthenticated",
         "rate_limit_per_key",

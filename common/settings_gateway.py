@@ -6,6 +6,7 @@ CLI option and `MICROBATCH_<NAME>` variable, validated once.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field
@@ -41,6 +42,12 @@ class GatewaySettings(BaseSettings):
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="accepted `Authorization: Bearer` keys; empty = no auth"
+    )
+    tenants: Path | None = Field(
+        default=None,
+        description="a tenants file (JSON or YAML): API keys grouped by tenant, each with the "
+        "models and priorities it may use and its limits (docs/operations.md#tenants); read "
+        "again when it changes, a malformed version refused and the last good one kept",
     )
     rate_limit_per_key: float = Field(
         default=0.0,

@@ -24,6 +24,7 @@ from common.protocol import ModelKind
 from common.settings import Settings
 from common.store import Store
 from common.tasks import spawn_supervised
+from common.tenants import Tenants
 from gateway.admin import on_admin_port
 from gateway.batch_feeder import BatchFeeder
 from gateway.batch_gate import DepthGate
@@ -46,6 +47,7 @@ from gateway.routes import (
     tokens,
 )
 from gateway.services import Services
+from gateway.tenant_watch import TenantsWatch
 
 # The API's POST routes, served on the hot path: (path, handler, OpenAPI body, summary)
 HOT_ROUTES = (
@@ -203,12 +205,31 @@ def _background(
             "reply-reader", services.router.run(stop), services.on_death_of("reply reader")
         ),
         spawn_supervised("catalog", services.catalog.run(stop), services.on_death_of("catalog")),
+        *(
+            [
+                spawn_supervised(
+                    "tenants-watch", _watch(services, stop), services.on_death_of("tenants watch")
+                )
+            ]
+            if services.settings.tenants
+            else []
+        ),
         spawn_supervised(
             "response-finisher",
             services.finisher.run(stop),
             services.on_death_of("response finisher"),
         ),
     ]
+
+
+async def _watch(services: Services, stop: asyncio.Event) -> None:
+    """The tenants file read again on change, into the services every call reads."""
+    assert services.settings.tenants is not None
+
+    def changed(tenants: Tenants) -> None:
+        services.tenants = tenants
+
+    await TenantsWatch(services.settings.tenants, changed).run(stop)
 
 
 def create_app(settings: Settings, store: Store, tracer: Tracer | None = None) -> GatewayApp:

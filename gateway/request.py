@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import orjson
 from fastapi import Request
@@ -33,6 +33,7 @@ from common.errors import (
     InvalidRequest,
     MicrobatchError,
     ModelNotFound,
+    PermissionDenied,
     RateLimited,
     ServiceUnavailable,
 )
@@ -42,6 +43,7 @@ from common.protocol import (
     PRIORITY_INTERACTIVE,
     ModelKind,
 )
+from common.tenants import Tenant
 from gateway.auth import check_api_key, check_interactive
 from gateway.catalog import ModelEntry
 from gateway.local_call import LOCAL
@@ -65,6 +67,7 @@ class Call:
     session: str | None  # X-Microbatch-Session: pins a conversation to a worker
     disconnected: Callable[[], Awaitable[None]]  # returns once the client has gone
     trace: tracing.TraceContext = tracing.UNTRACED  # what its entries carry
+    tenant: str | None = None  # the tenant whose key it is (a tenants file), if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +175,17 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
     key = None if local else authorize(services, headers.get("authorization"))
     receive = request.receive
     settings = services.settings
+    tenant_name = services.tenants.of_key(key) if key is not None else None
+    tenant = services.tenants.by_name.get(tenant_name) if tenant_name else None
     timeout_ms = timeout_ms_of(
         headers.get("x-microbatch-timeout-ms"),
         settings.request_timeout_ms,
         settings.max_request_timeout_ms,
     )
     priority = priority_of(headers.get("x-microbatch-priority"))
-    if priority == PRIORITY_INTERACTIVE:
+    if tenant is not None:
+        timeout_ms = tenant_limits(tenant_name, tenant, timeout_ms, priority, headers)
+    elif priority == PRIORITY_INTERACTIVE:
         check_interactive(key, settings.interactive_api_keys)
     return Call(
         route=route,
@@ -189,7 +196,33 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
         session=headers.get("x-microbatch-session"),
         disconnected=lambda: _disconnected(receive),
         trace=tracing.carrier() if services.tracer is not None else tracing.UNTRACED,
+        tenant=tenant_name,
     )
+
+
+def tenant_limits(
+    name: str | None, tenant: Tenant, timeout_ms: int, priority: int, headers: Any
+) -> int:
+    """A tenant's call within what its file allows: its priorities (403) and its longest
+    timeout (a longer one asked for is a 400; the default is cut to it)."""
+    asked = next(k for k, v in PRIORITIES.items() if v == priority)
+    allowed = tenant.priorities or ["batch", "background"]
+    if asked not in allowed:
+        raise PermissionDenied(
+            f"tenant {name!r} may not send X-Microbatch-Priority: {asked} (its priorities: "
+            f"{', '.join(allowed)})",
+            param="X-Microbatch-Priority",
+        )
+    longest = tenant.max_timeout_ms
+    if longest is not None and timeout_ms > longest:
+        if headers.get("x-microbatch-timeout-ms") is not None:
+            raise InvalidRequest(
+                f"X-Microbatch-Timeout-Ms is {timeout_ms}; tenant {name!r} may wait at most "
+                f"{longest} ms (max_timeout_ms)",
+                param="X-Microbatch-Timeout-Ms",
+            )
+        timeout_ms = longest
+    return timeout_ms
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -211,6 +244,13 @@ async def read_body(
     except ValidationError as exc:
         raise validation_error(exc) from None
     name = getattr(body, "model", None) or default_name(services, kind)
+    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    if tenant is not None and tenant.models is not None and name not in tenant.models:
+        raise PermissionDenied(
+            f"tenant {call.tenant!r} may not use model {name!r} (its models: "
+            f"{', '.join(tenant.models)})",
+            param="model",
+        )
     model = await model_entry(services, name)
     if kind is not None and model.info.kind != kind:
         raise InvalidRequest(
@@ -231,7 +271,9 @@ def validation_error(exc: ValidationError | RequestValidationError) -> InvalidBo
 
 def authorize(services: Services, authorization: str | None) -> str | None:
     """The API key (when keys are set), then its rate limit: 401 or 429 with Retry-After."""
-    key = check_api_key(authorization, services.settings.api_keys)
+    tenants = services.tenants
+    held = (lambda key: tenants.of_key(key) is not None) if services.settings.tenants else None
+    key = check_api_key(authorization, services.settings.api_keys, held)
     if services.limiter is not None and key is not None:
         wait_s = services.limiter.acquire(key, time.monotonic())
         if wait_s > 0:

@@ -12,7 +12,7 @@ import os
 
 from opentelemetry.trace import Tracer
 
-from common import metrics, streams
+from common import metrics, streams, tenants
 from common.buckets import bucket_for
 from common.errors import ServiceUnavailable
 from common.protocol import ModelInfo, ModelKind
@@ -67,6 +67,8 @@ class Services:
             self.catalog.on_loads = self.affinity.update_loads
         self.files = open_files(settings, store, self.keys)
         self.batch_records = BatchRecords(store, self.keys)
+        # the CLI refused a bad file before anything started; here it is read for use
+        self.tenants = tenants.load(settings.tenants) if settings.tenants else tenants.NO_TENANTS
         self.responses = ResponseStore(store, self.keys)
         self.finisher = Finisher(
             self.responses,

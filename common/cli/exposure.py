@@ -28,7 +28,7 @@ def is_loopback(host: str) -> bool:
 
 def open_bind_refusal(settings: Settings) -> str | None:
     """Why this gateway must not start as set, or None; warns when it is allowed anyway."""
-    if is_loopback(settings.host) or settings.api_keys:
+    if is_loopback(settings.host) or settings.api_keys or settings.tenants:
         return None
     if settings.allow_unauthenticated:
         log.warning(

@@ -81,9 +81,18 @@ def _exit_code(main: Coroutine[Any, Any, int | None]) -> int:
 
 
 def _refuse_an_open_bind(settings: Settings) -> None:
+    """Refuse to start open to anyone, or on a tenants file that cannot be used (the
+    message names the tenant and the field)."""
     refusal = open_bind_refusal(settings)
     if refusal is not None:
         raise typer.BadParameter(refusal)
+    if settings.tenants is not None:
+        from common.tenants import TenantsError, load
+
+        try:
+            load(settings.tenants)
+        except TenantsError as exc:
+            raise typer.BadParameter(str(exc)) from None
 
 
 def _stop_on_signals(on_stop: Any) -> None:
