@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import random
 import shutil
 import signal
 import socket
@@ -82,9 +83,25 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, drawn below the kernel's range for outgoing connections:
+    a port that range hands out (bind to port 0) can be taken by some client's connection
+    before the server binds it, which failed a gateway's start on CI ("address in use")."""
+    low = _ephemeral_low()
+    while True:
+        port = _PORTS.randint(10_000, low - 1)
+        with contextlib.suppress(OSError), socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+            return port
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+_PORTS = random.SystemRandom()  # not the `random` a test may seed: xdist workers would agree
 
 
 def cluster_port() -> int:
@@ -160,6 +177,17 @@ def redis_server() -> Iterator[RedisServer]:
         server.start()
         yield server
         server.kill()
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server for one module's deployment alone: the shared one is flushed by other
+    tests at any time, and a request sent between a flush and its worker's next registration
+    is a 404 (which made the tracing, fuzz and responses modules flaky on CI)."""
+    server = RedisServer(free_port(), tmp_path_factory.mktemp("module-redis"))
+    server.start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture

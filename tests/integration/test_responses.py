@@ -42,14 +42,6 @@ class Forecast(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("responses-redis"))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
 def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with room for a tool prompt and a conversation of several turns."""
     from worker.generate.tiny_model import TinyShape, write_tiny_model
@@ -59,10 +51,10 @@ def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gateways(own_redis: RedisServer, long_tiny: Path) -> Iterator[list[str]]:
+def gateways(module_redis: RedisServer, long_tiny: Path) -> Iterator[list[str]]:
     """Two gateways over one Redis and one worker: what one stores, the other serves."""
     deployment = InProcess()
-    common = {"redis_url": own_redis.url, "prefix": PREFIX, "read_block_ms": 100}
+    common = {"redis_url": module_redis.url, "prefix": PREFIX, "read_block_ms": 100}
     try:
         urls = []
         for _ in range(2):
@@ -331,10 +323,10 @@ def test_what_cannot_be_honoured_is_refused(gateways, params, field) -> None:
     assert field in reply.text, reply.text
 
 
-def test_another_key_reads_nothing(own_redis: RedisServer, long_tiny: Path) -> None:
+def test_another_key_reads_nothing(module_redis: RedisServer, long_tiny: Path) -> None:
     """Stored responses belong to the API key that made them."""
     deployment = InProcess()
-    common = {"redis_url": own_redis.url, "prefix": "mbresp-keys", "read_block_ms": 100}
+    common = {"redis_url": module_redis.url, "prefix": "mbresp-keys", "read_block_ms": 100}
     try:
         port = free_port()
         url = deployment.start_gateway(
@@ -362,7 +354,7 @@ def test_another_key_reads_nothing(own_redis: RedisServer, long_tiny: Path) -> N
 
 
 def test_six_turns_are_served_from_the_prefix_cache_across_a_gateway_restart(
-    own_redis: RedisServer, long_tiny: Path
+    module_redis: RedisServer, long_tiny: Path
 ) -> None:
     """An agent's conversation: its instructions sent every turn, each turn continuing the
     last by `previous_response_id` through alternating gateways, the one that stored turn 1
@@ -371,7 +363,7 @@ def test_six_turns_are_served_from_the_prefix_cache_across_a_gateway_restart(
     least 80% of its prompt comes from that worker's prefix cache; and each equals the chat
     completion of the same conversation."""
     deployment = InProcess()
-    common = {"redis_url": own_redis.url, "prefix": "mbresp-turns", "read_block_ms": 100}
+    common = {"redis_url": module_redis.url, "prefix": "mbresp-turns", "read_block_ms": 100}
     rules = "You are a terse assistant for a shipping company. " * 8
     try:
         urls = [_gateway(deployment, common) for _ in range(2)]
@@ -437,7 +429,7 @@ def test_an_openai_agents_sdk_agent_runs_on_the_responses_api(gateways) -> None:
 
 
 def test_a_background_run_nobody_reads_is_finished_by_the_gateways(
-    clients, own_redis: RedisServer
+    clients, module_redis: RedisServer
 ) -> None:
     """No client polls or streams it: the gateways' finisher writes its end into the record
     on its own (before its chunks' time to live could run out), and drops it from the
@@ -447,7 +439,7 @@ def test_a_background_run_nobody_reads_is_finished_by_the_gateways(
     from common.keys import Keys
 
     made = _response(clients[0], input="Alone", max_output_tokens=16, background=True)
-    keys, store = Keys(PREFIX), redis.Redis.from_url(own_redis.url)
+    keys, store = Keys(PREFIX), redis.Redis.from_url(module_redis.url)
     status = wait_until(
         lambda: store.hget(keys.response(made["id"]), "status"),
         60,

@@ -20,7 +20,7 @@ import schemathesis
 from hypothesis import HealthCheck, example, given, seed, settings
 from schemathesis.checks import not_a_server_error
 
-from tests.conftest import Processes, RedisServer, free_port, wait_ready
+from tests.conftest import Processes, RedisServer, wait_ready
 
 pytestmark = pytest.mark.process  # a module-scoped deployment of processes
 
@@ -54,17 +54,9 @@ KIND_OF_ROUTE = {
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of this module's own: another test's flush of the shared one between
-    a worker's registrations would make a whole route's fuzz a 404."""
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("fuzz-redis"))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def gateway_url(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def gateway_url(
+    module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     from worker.encode.tiny_classifier import write_tiny_classifier
     from worker.generate.tiny_model import TinyShape, write_tiny_model
 
@@ -73,7 +65,7 @@ def gateway_url(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
     # a context of 96 tokens: every generation the fuzz draws ends in a few dozen steps
     lm = write_tiny_model(root / "lm", TinyShape(max_positions=96))
     procs = Processes(root)
-    common = {"redis_url": own_redis.url, "prefix": "mbfuzz"}
+    common = {"redis_url": module_redis.url, "prefix": "mbfuzz"}
     try:
         procs.start("worker", model="noop", max_wait_ms=0, **common)
         procs.start("worker", model=lm, served_model_name="lm", **common)

@@ -9,7 +9,6 @@ import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -34,19 +33,11 @@ TENANTS = {
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("tenants-redis"))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def served(own_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
+def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("tenants") / "tenants.json"
     path.write_text(json.dumps(TENANTS))
     deployment = InProcess()
-    common = {"redis_url": own_redis.url, "prefix": "mbten", "read_block_ms": 100}
+    common = {"redis_url": module_redis.url, "prefix": "mbten", "read_block_ms": 100}
     try:
         port = free_port()
         url = deployment.start_gateway(

@@ -73,19 +73,9 @@ class Traced:
 
 
 @pytest.fixture(scope="module")
-def own_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """A redis-server of this module's own: the shared one is flushed by other tests at any
-    time, and a request sent between a flush and its worker's next registration is a 404."""
-    server = RedisServer(free_port(), tmp_path_factory.mktemp("traced-redis"))
-    server.start()
-    yield server
-    server.kill()
-
-
-@pytest.fixture(scope="module")
-def traced(own_redis: RedisServer, tiny_model: Path) -> Iterator[Traced]:
+def traced(module_redis: RedisServer, tiny_model: Path) -> Iterator[Traced]:
     deployment = InProcess()
-    common = {"redis_url": own_redis.url, "prefix": PREFIX, "read_block_ms": 100}
+    common = {"redis_url": module_redis.url, "prefix": PREFIX, "read_block_ms": 100}
     (gateway_provider, gateway), (worker_provider, worker) = _role("gateway"), _role("worker")
     try:
         port = free_port()
