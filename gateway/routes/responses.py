@@ -14,6 +14,7 @@ gateway that queued it: any gateway answers `GET`, streams it (`starting_after`)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -131,11 +132,15 @@ async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     limit = services.settings.reply_maxlen
 
     async def bounded(services: Services, model: ModelEntry, req: Any) -> Prompts:
+        """A run keeps every chunk until it ends: its output is at most `reply_maxlen`
+        tokens (the default, up to the context, cut to it; more, asked for, refused)."""
         prompts = await chat_prompt(services, model, req)
+        if prompts.new_tokens[0] > limit and parsed.body.max_output_tokens is None:
+            return dataclasses.replace(prompts, new_tokens=[limit])
         if prompts.new_tokens[0] > limit:
             raise InvalidRequest(
                 f"a background response keeps every chunk until it ends: at most {limit} "
-                f"output tokens (reply_maxlen), and this one may take {prompts.new_tokens[0]}",
+                f"output tokens (reply_maxlen), and max_output_tokens is {prompts.new_tokens[0]}",
                 param="max_output_tokens",
             )
         return prompts

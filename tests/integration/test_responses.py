@@ -453,3 +453,34 @@ def test_a_background_run_nobody_reads_is_finished_by_the_gateways(
     _valid("Response", final)
     assert store.hget(keys.response(made["id"]), "worker")  # names who answered it
     store.close()
+
+
+def test_a_background_run_is_bounded_by_the_chunks_its_stream_keeps(
+    gateways, module_redis: RedisServer
+) -> None:
+    """A background run's stream keeps every chunk until it ends (`reply_maxlen`): with no
+    `max_output_tokens` its output stops there instead of running to the context; asked for
+    more, it is a 400 naming the field."""
+    deployment = InProcess()
+    port = free_port()
+    common = {"redis_url": module_redis.url, "prefix": PREFIX, "read_block_ms": 100}
+    try:
+        url = deployment.start_gateway(
+            Settings(**common, port=port, gateway_id=f"b-{port}", reply_maxlen=24)
+        )
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        made = client.responses.create(model="tiny", input="Go on", background=True)
+        done = wait_until(
+            lambda: client.responses.retrieve(made.id),
+            60,
+            "the bounded run finished",
+            until=lambda r: r.status in ("completed", "incomplete", "failed"),
+        )
+        assert done.status in ("completed", "incomplete") and done.usage.output_tokens <= 24
+        with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
+            client.responses.create(
+                model="tiny", input="Go on", background=True, max_output_tokens=25
+            )
+        client.close()
+    finally:
+        deployment.close()
