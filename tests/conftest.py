@@ -190,6 +190,16 @@ def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.kill()
 
 
+@pytest.fixture(scope="module")
+def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with room for tool prompts and conversations: its small vocabulary
+    spells a tool schema out in hundreds of tokens (745 for two small tools)."""
+    from worker.generate.tiny_model import TinyShape, write_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-4k") / "tiny-llama"
+    return write_tiny_model(folder, TinyShape(max_positions=4096))
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     """A real Redis, empty at the start of the test."""

@@ -62,15 +62,19 @@ async def replay(responses: ResponseStore, who: Identity) -> Events:
     """The events of every chunk stored so far, in order; `final` set where they end it."""
     events = Events(who)
     events.opening()
-    after = "0-0"
-    while events.final is None:
-        found = await responses.chunks(who.response_id, after)
-        if not found:
-            break
+    await catch_up(responses, events, "0-0")
+    return events
+
+
+async def catch_up(responses: ResponseStore, events: Events, after: str) -> str:
+    """Feed `events` every chunk stored past stream id `after`, until none is left or the
+    response ends; the id of the last one read."""
+    response_id = events.who.response_id
+    while events.final is None and (found := await responses.chunks(response_id, after)):
         for entry in found:
             after = entry.entry_id
             events.feed(stored_reply(entry.payload), id_order(after)[0] // 1000)
-    return events
+    return after
 
 
 class Finisher:
@@ -122,10 +126,7 @@ class Finisher:
             events.opening()
             followed = (events, "0-0")
         events, after = followed
-        while events.final is None and (found := await self._responses.chunks(response_id, after)):
-            for entry in found:
-                after = entry.entry_id
-                events.feed(stored_reply(entry.payload), id_order(after)[0] // 1000)
+        after = await catch_up(self._responses, events, after)
         self._following[response_id] = (events, after)
         if events.final is None and wall_ms() > deadline_ms + GRACE_MS:
             events.failed("the response did not finish within its deadline")

@@ -241,11 +241,16 @@ async def _current(services: Services, response_id: str, record: dict[str, str])
     return who.object("in_progress" if events.fold.attempts else "queued")
 
 
-@answers_errors
-async def retrieve(request: Request) -> Response:
+async def _requested(request: Request) -> tuple[Services, str, dict[str, str]]:
+    """The response a `/v1/responses/{id}` route names, if the caller's key owns it."""
     services, owner = caller(request)
     response_id = request.path_params["response_id"]
-    record = await _owned(services, owner, response_id, "response_id")
+    return services, response_id, await _owned(services, owner, response_id, "response_id")
+
+
+@answers_errors
+async def retrieve(request: Request) -> Response:
+    services, response_id, record = await _requested(request)
     query = request.query_params
     if query.get("stream") not in (None, "false"):
         if record.get("background") != "1":
@@ -267,9 +272,7 @@ def _starting_after(raw: str | None) -> int:
 
 @answers_errors
 async def delete(request: Request) -> Response:
-    services, owner = caller(request)
-    response_id = request.path_params["response_id"]
-    record = await _owned(services, owner, response_id, "response_id")
+    services, response_id, record = await _requested(request)
     if record.get("status") not in TERMINAL and record.get("entry"):
         services.canceller.cancel(record["model"], [record["entry"]], int(record["deadline_ms"]))
     await services.responses.delete(response_id)
@@ -278,9 +281,7 @@ async def delete(request: Request) -> Response:
 
 @answers_errors
 async def cancel(request: Request) -> Response:
-    services, owner = caller(request)
-    response_id = request.path_params["response_id"]
-    record = await _owned(services, owner, response_id, "response_id")
+    services, response_id, record = await _requested(request)
     if record.get("background") != "1":
         raise InvalidRequest("only a background response can be cancelled", param="response_id")
     if record.get("status") in TERMINAL:
@@ -297,15 +298,13 @@ async def cancel(request: Request) -> Response:
         services.settings.response_ttl_s,
         services.settings.response_events_ttl_s,
     )
-    record = await _owned(services, owner, response_id, "response_id")
+    _, _, record = await _requested(request)  # its end, whoever wrote it first
     return json_response(orjson.loads(record["object"]))
 
 
 @answers_errors
 async def input_items(request: Request) -> Response:
-    services, owner = caller(request)
-    response_id = request.path_params["response_id"]
-    record = await _owned(services, owner, response_id, "response_id")
+    _, _, record = await _requested(request)
     query = request.query_params
     limit = query_int(query.get("limit"), 20, 100, "limit")
     order = query.get("order", "desc")

@@ -44,16 +44,6 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def long_tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama with room for tool prompts: its small vocabulary spells a schema out
-    in hundreds of tokens (745 for these two tools)."""
-    from worker.generate.tiny_model import TinyShape, write_tiny_model
-
-    folder = tmp_path_factory.mktemp("tiny-4k") / "tiny-llama"
-    return write_tiny_model(folder, TinyShape(max_positions=4096))
-
-
-@pytest.fixture(scope="module")
 def base(redis_server: RedisServer, long_tiny: Path) -> Iterator[str]:
     deployment = InProcess()
     common = {"redis_url": redis_server.url, "prefix": "mbtools", "read_block_ms": 100}
