@@ -108,6 +108,10 @@ def _fuzz(operation: schemathesis.APIOperation, url: str) -> None:
     call()
 
 
+# One test drives every operation the spec lists (about 40) × 50 examples through one fleet,
+# and its setup starts four processes: about a minute alone on 2 cores, more beside another
+# test, so the default 60 s would cut it off mid-request (it did, on CI).
+@pytest.mark.timeout(240)
 def test_requests_the_openapi_spec_describes_never_get_a_5xx(gateway_url: str) -> None:
     schema = schemathesis.openapi.from_url(f"{gateway_url}/openapi.json", timeout=30)
     operations = [result.ok() for result in schema.get_all_operations()]
