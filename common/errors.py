@@ -62,11 +62,13 @@ class MicrobatchError(Exception):
         param: str | None = None,
         retry_after_s: float | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s
+        self.headers = headers or {}  # more the answer carries (a quota's rate-limit state)
         if code is not None:
             self.code = code  # a narrower reason than the class's own (e.g. "wrong_model")
 

@@ -126,3 +126,8 @@ class Keys:
 
     def idempotency(self, owner: str, digest: str) -> str:
         return f"{self.prefix}:idem:{owner}:{digest}"
+
+    def quota(self, tenant: str, what: str) -> str:
+        """A tenant's pace for one quota (`requests` or `tokens`): one hash slot per tenant,
+        so one script checks both."""
+        return f"{self.prefix}:{{tenant:{tenant}}}:quota:{what}"

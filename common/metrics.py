@@ -26,6 +26,17 @@ tenants_reloads_total = Counter(
     "Changed tenants files read again: `applied`, or `refused` (the last good one kept)",
     ["outcome"],
 )
+quota_checks_total = Counter(
+    "microbatch_quota_checks_total",
+    "Tenant quota checks: `admitted`, `refused` (429), or Redis did not answer and the "
+    "request was `unchecked_admitted` (fail open) or `unchecked_refused` (fail closed)",
+    ["outcome"],
+)
+tenant_refusals_total = Counter(
+    "microbatch_tenant_refusals_total",
+    "Requests refused 429 over a tenant's quota, by tenant (from the tenants file) and quota",
+    ["tenant", "quota"],
+)
 duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )

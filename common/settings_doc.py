@@ -30,6 +30,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "public_docs",
         "api_keys",
         "tenants",
+        "quota_on_redis_error",
         "interactive_api_keys",
         "allow_unauthenticated",
         "rate_limit_per_key",

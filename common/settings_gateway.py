@@ -7,7 +7,7 @@ CLI option and `MICROBATCH_<NAME>` variable, validated once.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, NoDecode
@@ -48,6 +48,11 @@ class GatewaySettings(BaseSettings):
         description="a tenants file (JSON or YAML): API keys grouped by tenant, each with the "
         "models and priorities it may use and its limits (docs/operations.md#tenants); read "
         "again when it changes, a malformed version refused and the last good one kept",
+    )
+    quota_on_redis_error: Literal["open", "closed"] = Field(
+        default="open",
+        description="when Redis cannot answer a tenant's quota check: `open` admits the "
+        "request (counted in `microbatch_quota_checks_total`), `closed` refuses it 503",
     )
     rate_limit_per_key: float = Field(
         default=0.0,

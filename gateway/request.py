@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import orjson
@@ -68,6 +68,8 @@ class Call:
     disconnected: Callable[[], Awaitable[None]]  # returns once the client has gone
     trace: tracing.TraceContext = tracing.UNTRACED  # what its entries carry
     tenant: str | None = None  # the tenant whose key it is (a tenants file), if any
+    # what the answer carries beyond the route's own headers (its tenant's quota standing)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,7 @@ def error_response(exc: MicrobatchError, request_id: str | None) -> Response:
         headers["Retry-After"] = str(max(1, round(exc.retry_after_s)))
     if exc.status == 401:
         headers["WWW-Authenticate"] = "Bearer"
+    headers.update(exc.headers)
     return Response(orjson.dumps(exc.body()), exc.status, headers, media_type="application/json")
 
 
@@ -144,6 +147,7 @@ async def _call(
         if call.trace.traceparent:  # traced and sampled
             describe(call.request_id, parsed.name, call.priority)
         response = await handle(parsed)
+        response.headers.update(call.headers)
         status = response.status_code
         return response
     except MicrobatchError as exc:

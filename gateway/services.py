@@ -26,6 +26,7 @@ from gateway.batch_records import BatchRecords
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
 from gateway.files import DiskFiles, FileStore, RedisFiles
+from gateway.quota_store import Quotas
 from gateway.replies import ReplyRouter
 from gateway.responses.finisher import Finisher
 from gateway.responses.store import ResponseStore
@@ -69,6 +70,7 @@ class Services:
         self.batch_records = BatchRecords(store, self.keys)
         # the CLI refused a bad file before anything started; here it is read for use
         self.tenants = tenants.load(settings.tenants) if settings.tenants else tenants.NO_TENANTS
+        self.quotas = Quotas(store, self.keys, settings.quota_on_redis_error)
         self.responses = ResponseStore(store, self.keys)
         self.finisher = Finisher(
             self.responses,

@@ -25,6 +25,7 @@ from common.errors import (
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
 from gateway import admission
 from gateway.catalog import ModelEntry
+from gateway.quota_store import Charge
 from gateway.replies import Choices, ReplyRouter
 from gateway.request import Call
 from gateway.services import Services
@@ -72,6 +73,22 @@ def _admit_or_refuse(
     if isinstance(decision, admission.Rejected):
         metrics.rejected_total.labels(decision.reason).inc()
         raise Overloaded(decision.message, retry_after_s=decision.retry_after_s, code=decision.code)
+
+
+async def charge_quota(
+    services: Services, call: Call, tokens: int, requests: int = 1
+) -> Charge | None:
+    """Charge the call's tenant `tokens` (and one request, unless `requests` is 0: a further
+    part of a request already charged) against its fleet-wide quotas: 429 over one. The
+    first charge's standing goes out on the answer as OpenAI's rate-limit headers."""
+    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    if tenant is None:
+        return None
+    with tracing.span(services.tracer, "quota"):
+        charge = await services.quotas.charge(call.tenant or "", tenant, tokens, requests)
+    if charge is not None and requests:
+        call.headers.update(charge.verdict.headers())
+    return charge
 
 
 @dataclass(frozen=True, slots=True)

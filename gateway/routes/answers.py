@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 
 from common.protocol import GenerationChunk
+from gateway.quota_store import Charge
 from gateway.routes import logprobs
 from gateway.submit import Entries
 from gateway.tokenize import ModelTokenizer
@@ -126,6 +127,7 @@ class Submitted:
     created: int = field(default_factory=lambda: int(time.time()))
     routed: list[list[bytes]] = field(default_factory=list)  # per entry: its affinity names
     owners: list[str | None] = field(default_factory=list)  # per entry: the worker routed to
+    charge: Charge | None = None  # its tenant's quota charge, settled when the answer ends
 
     @property
     def ids(self) -> list[str]:

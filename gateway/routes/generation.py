@@ -39,7 +39,7 @@ from gateway.routes.sampling import (
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
-from gateway.submit import Entries, admit_or_refuse, submit
+from gateway.submit import Entries, admit_or_refuse, charge_quota, submit
 
 MAX_STOP_CHARS = 256
 
@@ -205,10 +205,13 @@ async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[Generat
     """Write the entries and wait for their final chunks; each worker that answered is
     learnt as the one caching its prompt's prefix."""
     services = parsed.services
+    used = sum(sub.prompt_tokens)  # what a failed request is settled at
     try:
         finals: list[GenerationChunk] = await submit(services, parsed.call, sub.entries, choices)  # type: ignore[assignment]
+        used += sum(c.completion_tokens for c in finals)
     finally:
         services.routes_answered(sub.entries.model, sub.owners)
+        services.quotas.settle(sub.charge, used)
     for entry_id, names in zip(sub.ids, sub.routed, strict=True):
         worker = next((c.worker for c in finals if c.id == entry_id), None)
         if worker:
@@ -243,11 +246,14 @@ async def queued(
     # the request's own mistakes are 400s before admission can answer it 503
     checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
+    charge = await charge_quota(services, call, tokens)
     session = call.session or req.user
     ask = _Ask(call.request_id, call.priority, call.timeout_ms, session, known, parsed.entry_trace)
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
     shape = _shape(model, req, prompts)
-    return _entries(services, model, req, pairs, ask, shape, checked, reply_to)
+    sub = _entries(services, model, req, pairs, ask, shape, checked, reply_to)
+    sub.charge = charge
+    return sub
 
 
 def _shape(model: ModelEntry, req: Any, prompts: Prompts) -> Shape:

@@ -20,7 +20,7 @@ from common.clock import wall_ms
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
-from gateway.submit import Entries, admit_or_refuse, submit
+from gateway.submit import Entries, admit_or_refuse, charge_quota, submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +39,10 @@ async def run_rows(parsed: Parsed, rows: list[np.ndarray] | RowBlocks) -> Answer
     count = rows.count if isinstance(rows, RowBlocks) else len(rows)
     admit_or_refuse(services, model, count, call.timeout_ms)
     parts = _Parts(parsed)
-    if isinstance(rows, RowBlocks):
-        first = parts.of(await anext(rows.blocks))
-        more = parts.each(rows.blocks)
-    else:
-        first, more = parts.of(rows), None
+    block = await anext(rows.blocks) if isinstance(rows, RowBlocks) else rows
+    await charge_quota(services, call, sum(len(r) for r in block))
+    first = parts.of(block)
+    more = parts.each(rows.blocks) if isinstance(rows, RowBlocks) else None
     replies: list[EmbeddingResult] = await submit(services, call, first, more=more)  # type: ignore[assignment]
     tokens = sum(r.n_tokens for r in replies)
     return Answered(_in_order(replies, parts.groups, count), tokens, replies)
@@ -60,7 +59,7 @@ class _Parts:
         self._max_rows = min(
             self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
         )
-        self._request_id, self._trace = call.request_id, parsed.entry_trace
+        self._request_id, self._trace, self._call = call.request_id, parsed.entry_trace, call
         start_ms = wall_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
         self._timeout_ms = call.timeout_ms
@@ -96,7 +95,9 @@ class _Parts:
         return Entries(name, items, ids, self._deadline_ms, self._timeout_ms, sizes)
 
     async def each(self, blocks: AsyncIterator[list[np.ndarray]]) -> AsyncIterator[Entries]:
+        """Each further block, its tokens charged to the tenant as it is made."""
         async for block in blocks:
+            await charge_quota(self._services, self._call, sum(len(r) for r in block), 0)
             yield self.of(block)
 
 

@@ -94,6 +94,8 @@ class _Relay:
                 yield event
         finally:
             self.services.routes_answered(self.sub.entries.model, self.sub.owners)
+            generated = sum(s.completion_tokens for s in self.states.values())
+            self.services.quotas.settle(self.sub.charge, sum(self.sub.prompt_tokens) + generated)
 
     async def _events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
         entries = self.sub.entries

@@ -1,0 +1,164 @@
+"""Tenants' quotas held in Redis, so N gateways enforce one limit, not N.
+
+One script per check charges a tenant's requests and tokens paces together (both or
+neither), on Redis's own clock, so gateways whose clocks disagree still agree on the pace.
+A generation request is charged its prompt and `max_tokens` at admission and settled with
+what it used when its answer ends: the unused tokens are handed back. If Redis cannot
+answer a check, `quota_on_redis_error` says whether the request goes (`open`, counted) or is
+refused (`closed`, 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from common import metrics
+from common.errors import InvalidRequest, RateLimited, ServiceUnavailable
+from common.keys import Keys
+from common.store import Store
+from common.tasks import spawn_supervised
+from common.tenants import Tenant
+from gateway.quota import MINUTE_US, Pace, Verdict, too_large
+
+log = logging.getLogger("microbatch.gateway")
+CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
+
+# KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us, burst, cost per pace
+# (interval 0: no such quota), then a minute in us. A pace's value is its theoretical arrival
+# time (TAT, us); a request fits when charging it leaves the TAT at most max(burst, cost)
+# units ahead of now. Reply: admitted, retry_after_us, refused_by (1, 2), then per pace the
+# units left this minute and the us until it is rested.
+_CHARGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local minute = tonumber(ARGV[7])
+local tat, after = {}, {}
+local retry, refused = 0, 0
+for i = 1, 2 do
+  local interval = tonumber(ARGV[3 * i - 2])
+  if interval > 0 then
+    local burst, cost = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+    tat[i] = math.max(tonumber(redis.call('GET', KEYS[i]) or '0'), now)
+    after[i] = tat[i] + cost * interval
+    local over = after[i] - now - math.max(burst, cost) * interval
+    if over > retry then retry, refused = over, i end
+  end
+end
+local out = {retry > 0 and 0 or 1, retry, refused}
+for i = 1, 2 do
+  local interval = tonumber(ARGV[3 * i - 2])
+  if interval > 0 then
+    local at = after[i]
+    if retry > 0 then
+      at = tat[i]
+    else
+      redis.call('SET', KEYS[i], string.format('%d', at), 'PX', math.ceil((at - now) / 1000) + 1000)
+    end
+    out[#out + 1] = math.floor((minute - (at - now)) / interval)
+    out[#out + 1] = at - now
+  else
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+  end
+end
+return out
+"""
+
+# KEYS: a tokens pace. ARGV: units handed back, interval_us. Never rests it below now: an
+# answer that used less than it was charged gives back what it did not use, no more.
+_REFUND = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local stored = tonumber(redis.call('GET', KEYS[1]) or '0')
+if stored <= now then return 0 end
+local at = math.max(now, stored - tonumber(ARGV[1]) * tonumber(ARGV[2]))
+redis.call('SET', KEYS[1], string.format('%d', at), 'PX', math.ceil((at - now) / 1000) + 1000)
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one request was charged, to settle when its answer ends."""
+
+    tenant: str
+    tokens: Pace
+    verdict: Verdict
+
+
+class Quotas:
+    def __init__(self, store: Store, keys: Keys, on_redis_error: str) -> None:
+        self._store, self._keys = store, keys
+        self._fail_closed = on_redis_error == "closed"
+
+    async def charge(
+        self, name: str, tenant: Tenant, tokens: int, requests: int = 1
+    ) -> Charge | None:
+        """Charge one request (`requests` 0: a further part of one already charged) and
+        `tokens`; None when the tenant has no quota (or Redis did not answer, fail-open).
+        Raises 429 with OpenAI's headers over a quota, 400 for a request no quota can hold."""
+        if tenant.requests_per_minute is None and tenant.tokens_per_minute is None:
+            return None
+        asked = Pace(tenant.requests_per_minute if requests else None, requests)
+        costs = Pace(tenant.tokens_per_minute, tokens)
+        problem = too_large(costs)
+        if problem is not None:
+            raise InvalidRequest(problem, param="max_tokens", code="request_too_large")
+        keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
+        args = [*asked.args(), *costs.args(), MINUTE_US]
+        try:
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                reply = await self._store.eval(_CHARGE, 2, *keys, *args)
+        except (RedisError, TimeoutError) as exc:
+            self._unchecked(name, exc)
+            return None
+        verdict = Verdict.of(reply, asked, costs)
+        if not verdict.admitted:
+            metrics.quota_checks_total.labels("refused").inc()
+            metrics.tenant_refusals_total.labels(name, verdict.refused_by).inc()
+            limit = asked.per_minute if verdict.refused_by == "requests" else costs.per_minute
+            wait_s = verdict.retry_after_us / 1e6
+            raise RateLimited(
+                f"tenant {name!r} is over its {verdict.refused_by}_per_minute of {limit}: "
+                f"try again in {wait_s:.2f} s",
+                retry_after_s=wait_s,
+                code="rate_limit_exceeded",
+                headers=verdict.headers(),
+            )
+        metrics.quota_checks_total.labels("admitted").inc()
+        return Charge(name, costs, verdict)
+
+    def settle(self, charge: Charge | None, used_tokens: int) -> None:
+        """Hand back what an ended answer did not use of its tokens charge (in the
+        background: the answer does not wait on it)."""
+        if charge is None or charge.tokens.per_minute is None:
+            return
+        unused = charge.tokens.cost - used_tokens
+        if unused > 0:
+            key = self._keys.quota(charge.tenant, "tokens")
+            spawn_supervised("quota refund", self._refund(key, unused, charge.tokens), _logged)
+
+    async def _refund(self, key: str, unused: int, pace: Pace) -> None:
+        try:
+            await self._store.eval(_REFUND, 1, key, unused, pace.interval_us)
+        except RedisError as exc:  # the tenant is charged its max_tokens: never over-admits
+            log.warning("a quota refund was lost (Redis did not answer): %s", exc)
+
+    def _unchecked(self, name: str, exc: BaseException) -> None:
+        if self._fail_closed:
+            metrics.quota_checks_total.labels("unchecked_refused").inc()
+            raise ServiceUnavailable(
+                f"tenant {name!r}'s quota could not be checked (Redis did not answer) and "
+                "quota_on_redis_error is closed",
+                retry_after_s=1.0,
+            ) from exc
+        metrics.quota_checks_total.labels("unchecked_admitted").inc()
+        log.warning("a quota check for tenant %r failed, admitted (fail open): %s", name, exc)
+
+
+def _logged(exc: BaseException | None) -> None:
+    """A refund's own errors are caught inside it; anything else was logged by the helper."""

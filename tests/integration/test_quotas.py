@@ -1,0 +1,179 @@
+"""Tenants' quotas through real gateways on one real Redis: one limit for the fleet, not one
+per gateway; a refusal is OpenAI's 429 with its rate-limit headers, which the `openai`
+client's own retry waits out; a generation is settled with the tokens it used; a request no
+quota can hold is a 400; and a Redis that cannot answer the check fails open or closed as
+set."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import redis
+
+from common.settings import Settings
+from tests.conftest import RedisServer, free_port, wait_until
+from tests.integration.in_process import InProcess
+
+PREFIX = "mbquota"
+TENANTS = {
+    "tenants": {
+        "paced": {"api_keys": ["sk-paced"], "requests_per_minute": 30},  # one each 2 s
+        "metered": {"api_keys": ["sk-metered"], "tokens_per_minute": 600},  # one each 100 ms
+        "free": {"api_keys": ["sk-free"]},
+    }
+}
+TOKEN_US = 100_000  # a token's interval at 600 a minute
+
+
+@pytest.fixture(scope="module")
+def fleet(module_redis: RedisServer, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("quotas") / "tenants.json"
+    path.write_text(json.dumps(TENANTS))
+    deployment = InProcess()
+    common = {"redis_url": module_redis.url, "prefix": PREFIX, "read_block_ms": 100}
+    try:
+        urls = []
+        for _ in range(2):
+            port = free_port()
+            settings = Settings(**common, port=port, gateway_id=f"q-{port}", tenants=path)
+            urls.append(deployment.start_gateway(settings))
+        deployment.start_worker(Settings(**common, model="noop", worker_id="q-noop"))
+        deployment.start_worker(
+            Settings(**common, model=str(tiny_model), served_model_name="lm", worker_id="q-lm")
+        )
+        for name in ("noop", "lm"):
+            wait_until(
+                lambda name=name: _models(urls[0]),
+                60,
+                f"{name} served",
+                until=lambda served, name=name: name in served,
+            )
+        yield urls, deployment, common, path
+    finally:
+        deployment.close()
+
+
+def _models(url: str) -> list[str]:
+    got = httpx.get(f"{url}/v1/models", headers={"Authorization": "Bearer sk-free"})
+    return [m["id"] for m in got.json()["data"]] if got.status_code == 200 else []
+
+
+def _embed(url: str, key: str) -> httpx.Response:
+    return httpx.post(
+        f"{url}/v1/embeddings",
+        json={"model": "noop", "input": "a"},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
+def test_a_requests_quota_is_one_limit_across_gateways_and_the_client_retry_waits_it(
+    fleet,
+) -> None:
+    (a, b), *_ = fleet
+    first = _embed(a, "sk-paced")
+    assert first.status_code == 200, first.text
+    assert first.headers["x-ratelimit-limit-requests"] == "30"
+    assert first.headers["x-ratelimit-remaining-requests"] == "29"
+    refused = _embed(b, "sk-paced")  # the other gateway: the same pace
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "rate_limit_exceeded" and "requests_per_minute" in error["message"]
+    assert 0 < int(refused.headers["retry-after-ms"]) <= 2000
+    assert refused.headers["Retry-After"] in {"1", "2"}
+    assert refused.headers["x-ratelimit-remaining-requests"] == "29"  # a refusal charges none
+    assert "x-ratelimit-limit-tokens" not in refused.headers  # no tokens quota, no headers
+    assert _embed(b, "sk-free").status_code == 200  # another tenant is untouched
+    # the openai client retries a 429 after the retry-after-ms it was given, as on OpenAI
+    client = openai.OpenAI(base_url=f"{b}/v1", api_key="sk-paced", max_retries=3)
+    started = time.monotonic()
+    answer = client.embeddings.with_raw_response.create(model="noop", input="b")
+    assert answer.http_response.status_code == 200
+    assert answer.retries_taken >= 1 and time.monotonic() - started > 0.3
+
+
+def test_a_generation_is_charged_its_max_tokens_and_settled_with_what_it_used(fleet) -> None:
+    (a, b), *_ = fleet
+    prompt = "the quota"
+    free = openai.OpenAI(base_url=f"{a}/v1", api_key="sk-free", max_retries=0)
+    greedy = free.completions.create(model="lm", prompt=prompt, max_tokens=4, temperature=0)
+    text = greedy.choices[0].text
+    assert text.strip(), "the tiny model's greedy text is needed to stop it early"
+    stop = text.strip()[0]
+    store = redis.Redis.from_url(fleet[2]["redis_url"])
+    key = f"{PREFIX}:{{tenant:metered}}:quota:tokens"
+    before = _redis_us(store)
+    metered = openai.OpenAI(base_url=f"{b}/v1", api_key="sk-metered", max_retries=0)
+    answer = metered.completions.with_raw_response.create(
+        model="lm", prompt=prompt, max_tokens=40, temperature=0, stop=[stop]
+    )
+    after = _redis_us(store)
+    usage = answer.parse().usage
+    assert usage is not None and usage.completion_tokens < 40  # stopped early
+    charged = usage.prompt_tokens + 40
+    assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 600 - charged
+    # settled: the pace holds only what was used, charged at some moment within the call
+    wait_until(
+        lambda: int(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
+        10,
+        "the unused tokens handed back",
+        until=lambda charged_at: before <= charged_at <= after,
+    )
+    # 40-odd tokens is more than the burst (30): it goes only on a rested pace, so not now
+    again = httpx.post(
+        f"{a}/v1/completions",
+        json={"model": "lm", "prompt": prompt, "max_tokens": 40},
+        headers={"Authorization": "Bearer sk-metered"},
+    )
+    assert again.status_code == 429, again.text
+    assert "tokens_per_minute" in again.json()["error"]["message"]
+    assert again.headers["x-ratelimit-limit-tokens"] == "600"
+    # more than the whole quota can never pass: a 400 naming it, not a 429 retried forever
+    huge = httpx.post(
+        f"{a}/v1/completions",
+        json={"model": "lm", "prompt": prompt, "max_tokens": 700},
+        headers={"Authorization": "Bearer sk-metered"},
+    )
+    assert huge.status_code == 400, huge.text
+    assert huge.json()["error"]["code"] == "request_too_large"
+
+
+def _redis_us(store: redis.Redis) -> int:
+    seconds, micros = store.time()
+    return int(seconds) * 1_000_000 + int(micros)
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_a_quota_redis_cannot_check_fails_open_or_closed_as_set(fleet, mode: str) -> None:
+    _, deployment, common, path = fleet
+    # a Redis user that may do all the gateway does but run a script: every check fails
+    admin = redis.Redis.from_url(common["redis_url"])
+    admin.acl_setuser(
+        "noscript", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+        commands=["+@all", "-eval"],
+    )  # fmt: skip
+    port = free_port()
+    url = deployment.start_gateway(
+        Settings(
+            **{**common, "redis_url": common["redis_url"].replace("//", "//noscript:pw@")},
+            port=port,
+            gateway_id=f"q-{mode}-{port}",
+            tenants=path,
+            quota_on_redis_error=mode,
+        )
+    )
+    try:
+        answer = _embed(url, "sk-paced")
+        assert answer.status_code == (200 if mode == "open" else 503), answer.text
+        if mode == "closed":
+            assert "quota_on_redis_error" in answer.json()["error"]["message"]
+        assert _embed(url, "sk-free").status_code == 200  # no quota, nothing to check
+        metrics = httpx.get(f"{url}/metrics").text
+        outcome = "unchecked_admitted" if mode == "open" else "unchecked_refused"
+        assert f'microbatch_quota_checks_total{{outcome="{outcome}"}}' in metrics
+    finally:
+        deployment.stop_gateway(url)

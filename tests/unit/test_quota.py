@@ -1,0 +1,57 @@
+"""A tenant's per-minute quota as a pace: its interval and burst, the script's reply read
+back, and OpenAI's rate-limit headers as a client reads them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.quota import MINUTE_US, Pace, Verdict, go_duration, too_large
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_pace_spends_a_minute_over_its_quota_with_a_twentieth_as_burst() -> None:
+    tokens = Pace(6000, 120)
+    assert tokens.interval_us == 10_000  # 6000 units a minute
+    assert tokens.burst == 300  # 5%: any minute stays within 5% of the quota
+    assert tokens.args() == [10_000, 300, 120]
+    assert Pace(10, 1).burst == 1  # a small quota still lets one through
+    assert Pace(None, 5).args() == [0, 0, 5]  # interval 0: the script skips it
+
+
+def test_an_admitted_verdict_tells_each_quota_it_has_and_no_retry() -> None:
+    verdict = Verdict.of([1, 0, 0, 59, 1_000_000, 5_880, 1_200_000], Pace(60, 1), Pace(6000, 120))
+    assert verdict.admitted and verdict.refused_by == ""
+    assert verdict.headers() == {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-limit-tokens": "6000",
+        "x-ratelimit-remaining-tokens": "5880",
+        "x-ratelimit-reset-tokens": "1.2s",
+    }
+
+
+def test_a_refusal_says_which_quota_and_when_to_retry_rounded_up() -> None:
+    verdict = Verdict.of([0, 1_234_567, 2, 0, 0, 0, 3_000_000], Pace(None, 1), Pace(6000, 400))
+    assert not verdict.admitted and verdict.refused_by == "tokens"
+    headers = verdict.headers()
+    assert headers["retry-after-ms"] == "1235"  # the openai client reads this first
+    assert headers["Retry-After"] == "2"  # whole seconds, never 0 (a client would not wait)
+    assert "x-ratelimit-limit-requests" not in headers  # no requests quota: no headers for it
+    assert headers["x-ratelimit-remaining-tokens"] == "0"
+    assert headers["x-ratelimit-reset-tokens"] == "3s"
+
+
+def test_reset_durations_are_written_as_openai_writes_them() -> None:
+    assert go_duration(20_000) == "20ms"
+    assert go_duration(1_500_000) == "1.5s"
+    assert go_duration(MINUTE_US) == "1m0s"
+    assert go_duration(61_250_000) == "1m1.25s"
+
+
+def test_a_request_larger_than_the_whole_quota_is_named_never_retried() -> None:
+    assert too_large(Pace(6000, 6000)) is None
+    assert too_large(Pace(None, 10**9)) is None
+    message = too_large(Pace(6000, 6001))
+    assert message is not None and "6001" in message and "tokens_per_minute" in message
