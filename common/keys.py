@@ -131,3 +131,12 @@ class Keys:
         """A tenant's pace for one quota (`requests` or `tokens`): one hash slot per tenant,
         so one script checks both."""
         return f"{self.prefix}:{{tenant:{tenant}}}:quota:{what}"
+
+    def lane(self, model: str, bucket: int, tenant: str) -> str:
+        """A tenant's own request stream for one bucket: workers read a model's lanes by the
+        tenants' fair shares, not in the order requests came."""
+        return f"{self.prefix}:{{{model}}}:req:{bucket}:t:{tenant}"
+
+    def lanes(self, model: str) -> str:
+        """The tenants with lanes for a model, each with its weight (a hash)."""
+        return f"{self.prefix}:{{{model}}}:lanes"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from common import metrics, streams
+from common import lane_streams, metrics, streams
 from common.clock import wall_ms
 from common.protocol import ModelInfo, ProtocolError, decode
 from common.store import Store
@@ -35,6 +35,7 @@ class ModelStatus:
     buckets: list[BucketStatus]
     dead_letters: int
     workers: list[WorkerStatus]
+    lanes: dict[str, int] = field(default_factory=dict)  # per tenant lane: its depth
 
     @property
     def live_workers(self) -> int:
@@ -63,13 +64,19 @@ async def model_status(
 ) -> ModelStatus:
     now_ms = wall_ms()
     rows = []
+    tenants = await lane_streams.lane_tenants(store, keys, name)
+    lanes = dict.fromkeys(tenants, 0)
     for bucket in buckets:
         info = await streams.group_info(store, keys.request(name, bucket))
+        for tenant in tenants:  # a bucket's depth and lag count its lanes' too
+            lane = await streams.group_info(store, keys.lane(name, bucket, tenant))
+            lanes[tenant] += lane.length
+            info = lane_streams.merged(info, lane)
         rows.append(bucket_status(bucket, info, now_ms))
     beats = await streams.worker_beats(store, keys, name)
     workers = [WorkerStatus(w, (now_ms - ms) / 1000, now_ms - ms <= stale_ms) for w, ms in beats]
     dead = await streams.stream_length(store, keys.dead(name))
-    return ModelStatus(name, kind, rows, dead, workers)
+    return ModelStatus(name, kind, rows, dead, workers, lanes)
 
 
 async def collect(

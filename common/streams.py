@@ -349,15 +349,6 @@ async def stream_length(store: Store, stream: str) -> int:
     return int(await store.xlen(stream))
 
 
-async def queue_length(store: Store, keys: Keys, model: str, buckets: Sequence[int]) -> int:
-    """A model's entries waiting or running, over its bucket streams: one round trip (they
-    share a Cluster slot)."""
-    pipe = pipeline(store)
-    for bucket in buckets:
-        pipe.xlen(keys.request(model, bucket))
-    return sum(int(n) for n in await pipe.execute())
-
-
 async def live_batching(store: Store, keys: Keys, model: str) -> dict[str, str]:
     rows = await store.hgetall(keys.batching(model))
     return {as_text(k): as_text(v) for k, v in (rows or {}).items()}

@@ -15,7 +15,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from common import streams
+from common import lane_streams, streams
 from common.store import Store
 
 FRESH_S = 0.02  # one reading serves every line waiting on the same model this long
@@ -36,7 +36,7 @@ class DepthGate:
         seen = self._seen.get(model)
         if seen is not None and time.monotonic() - seen[0] < FRESH_S:
             return seen[1]
-        total = await streams.queue_length(self._store, self._keys, model, self._buckets)
+        total = await lane_streams.queue_length(self._store, self._keys, model, self._buckets)
         self._seen[model] = (time.monotonic(), total)
         return total
 

@@ -26,6 +26,7 @@ from gateway.batch_records import BatchRecords
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
 from gateway.files import DiskFiles, FileStore, RedisFiles
+from gateway.lanes import Lanes
 from gateway.quota_store import Quotas
 from gateway.replies import ReplyRouter
 from gateway.responses.finisher import Finisher
@@ -71,6 +72,7 @@ class Services:
         # the CLI refused a bad file before anything started; here it is read for use
         self.tenants = tenants.load(settings.tenants) if settings.tenants else tenants.NO_TENANTS
         self.quotas = Quotas(store, self.keys, settings.quota_on_redis_error)
+        self.lanes = Lanes(store, self.keys)
         self.responses = ResponseStore(store, self.keys)
         self.finisher = Finisher(
             self.responses,
@@ -88,11 +90,16 @@ class Services:
     def next_id(self) -> str:
         return f"{self._nonce}{next(self._counter):x}"
 
-    def request_stream(self, model: str, n_tokens: int) -> str:
+    def request_stream(self, model: str, n_tokens: int, lane: str | None = None) -> str:
         """The stream an input of `n_tokens` goes to: its length bucket's (prompts past the
-        largest bucket share it)."""
+        largest bucket share it), or that bucket's in the tenant's `lane`."""
         buckets = self.settings.buckets
-        return self.keys.request(model, bucket_for(n_tokens, buckets) or buckets[-1])
+        bucket = bucket_for(n_tokens, buckets) or buckets[-1]
+        return (
+            self.keys.request(model, bucket)
+            if lane is None
+            else self.keys.lane(model, bucket, lane)
+        )
 
     def affinity_names(
         self, info: ModelInfo, prompt: list[int], session: str | None
@@ -103,15 +110,21 @@ class Services:
         return names_of(prompt, info.name, session)
 
     def generation_stream(
-        self, model: str, n_tokens: int, names: list[bytes], known: str | None = None
+        self,
+        model: str,
+        n_tokens: int,
+        names: list[bytes],
+        known: str | None = None,
+        lane: str | None = None,
     ) -> tuple[str, str | None]:
         """The stream of the worker caching this prompt's prefix, if one is live and not
-        overloaded (and that worker); else its length bucket's, which any worker reads."""
+        overloaded (and that worker); else its length bucket's (in the tenant's `lane`),
+        which any worker reads."""
         worker = self.affinity.route(model, names, known) if self.affinity and names else None
         if names:
             metrics.affinity_routes_total.labels(model, "affine" if worker else "shared").inc()
         if worker is None:
-            return self.request_stream(model, n_tokens), None
+            return self.request_stream(model, n_tokens, lane), None
         return self.keys.affinity(model, worker), worker
 
     def routes_answered(self, model: str, workers: list[str | None]) -> None:

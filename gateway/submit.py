@@ -91,6 +91,17 @@ async def charge_quota(
     return charge
 
 
+async def lane_of(services: Services, call: Call, model: ModelEntry) -> str | None:
+    """The tenant whose lane the call's entries go to (announced to the workers), or None:
+    no tenant, or no live worker (a worker scaled from zero is woken by its bucket streams'
+    lag, which the autoscaler watches; lanes start once one is live)."""
+    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    if tenant is None or call.tenant is None or model.live_workers == 0:
+        return None
+    await services.lanes.announce(model.info.name, call.tenant, tenant.weight)
+    return call.tenant
+
+
 @dataclass(frozen=True, slots=True)
 class Entries:
     """One request's queue entries, encoded, each with the stream its length bucket names."""

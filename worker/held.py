@@ -23,6 +23,8 @@ class Held:
     # that crashes or OOMs the process), so it runs alone: no batch-mate dies with it again
     deliveries: int = 1
     span: Any = None  # its `process entry` span, when tracing is on (worker.entry_spans)
+    lane: str = ""  # the tenant whose lane it came from ("": a bucket stream)
+    weight: float = 1.0  # that tenant's weight: its share of the batches
 
     @property
     def alone(self) -> bool:

@@ -28,6 +28,8 @@ from worker import triage
 from worker.entry_spans import EntrySpans
 from worker.held import Held
 from worker.inbox import Inbox
+from worker.lane_shares import cost_of
+from worker.lanes import LaneReader
 from worker.leases import Leases
 from worker.publisher import Publisher
 from worker.replies import Done, Entry, Reply, error_reply
@@ -66,7 +68,11 @@ class Intake:
         self.name = name
         self.model = limits.model
         self._keys = streams.Keys(settings.prefix)
-        self.streams = request_streams(settings, limits, name)
+        base = request_streams(settings, limits, name)
+        self._lanes = LaneReader(
+            store, self._keys, limits.model, list(settings.buckets), base, name, clock
+        )
+        self.streams = self._lanes.streams  # grows as tenants' lanes are found
         self._limits = limits
         self._loop = loop
         self._inbox = inbox
@@ -79,9 +85,11 @@ class Intake:
         return self._loop.room()
 
     async def ensure_groups(self, stop: asyncio.Event) -> None:
-        await until_ok(
-            lambda: streams.ensure_groups(self.store, self.streams), stop, log, "creating groups"
-        )
+        async def create() -> None:
+            await streams.ensure_groups(self.store, self.streams)
+            await self._lanes.refresh(force=True)  # tenants' lanes, if any, from the start
+
+        await until_ok(create, stop, log, "creating groups")
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -113,28 +121,28 @@ class Intake:
             self._inbox.reading_ended()  # the loop may finish draining
 
     async def read_once(self, block_ms: int | None) -> int:
-        """One XREADGROUP of new entries into the loop; how many were read."""
+        """One read of new entries into the loop (split between tenants' lanes by their
+        shares, when there are lanes); how many were read."""
         try:
-            read = await streams.read_group(
-                self.store,
-                self.name,
-                dict.fromkeys(self.streams, ">"),
-                count=self._loop.room(),
-                block_ms=block_ms,
-            )
+            await self._lanes.refresh()
+            read, asked = await self._lanes.read(self._loop.room(), block_ms)
         except ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             log.warning("consumer group vanished (Redis lost data?); recreating")
             await streams.ensure_groups(self.store, self.streams)
             return 0
-        if read:
-            await self.accept(read, deliveries={})
+        costs = await self.accept(read, deliveries={}) if read else {}
+        if asked:
+            self._lanes.served(asked, costs)
         return len(read)
 
-    async def accept(self, read: Sequence[streams.StreamEntry], deliveries: dict[str, int]) -> None:
+    async def accept(
+        self, read: Sequence[streams.StreamEntry], deliveries: dict[str, int]
+    ) -> dict[str, int]:
         """Hand the loop what may run; answer, dead-letter and ack what may not. An entry
-        cancelled before it was read is acked unseen: it costs the loop nothing."""
+        cancelled before it was read is acked unseen: it costs the loop nothing. Returns the
+        tokens handed over per stream (what a tenant's lane was served)."""
         now_ms = wall_ms()
         replies: list[Reply] = []
         done: list[Done] = []
@@ -168,7 +176,21 @@ class Intake:
         waited = now_ms - self.settings.cancel_poll_ms
         asked = [entry.id for _, entry, _ in runnable if entry.enqueued_ms <= waited]
         cancelled = await self._cancelled(asked, now_ms)
+        costs = self._hold(runnable, cancelled, done)
+        if replies or done:
+            await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
+        return costs
+
+    def _hold(
+        self,
+        runnable: list[tuple[streams.StreamEntry, RequestEntry, int]],
+        cancelled: set[str],
+        done: list[Done],
+    ) -> dict[str, int]:
+        """Hand the loop each runnable entry not cancelled meanwhile (those go to `done`);
+        the tokens handed over per stream."""
         buckets = self.settings.buckets
+        costs: dict[str, int] = {}
         for item, entry, count in runnable:
             if entry.id in cancelled:
                 done.append((item.stream, item.entry_id))
@@ -178,10 +200,14 @@ class Intake:
             bucket = bucket_for(entry.longest, buckets) or buckets[-1]
             span = self._spans.read(entry, item.stream, count) if self._traced(entry) else None
             self._leases.take((item.stream, item.entry_id), entry.id, span)
-            held = Held(entry, item.stream, item.entry_id, self._clock(), bucket, count, span)
+            lane = self._lanes.lane_of(item.stream)
+            held = Held(
+                entry, item.stream, item.entry_id, self._clock(), bucket, count, span,
+                lane, self._lanes.weight(lane),
+            )  # fmt: skip
             self._loop.hold(held)
-        if replies or done:
-            await self._publisher.publish(replies, done)  # refusals: no answer worth waiting for
+            costs[item.stream] = costs.get(item.stream, 0) + cost_of(entry)
+        return costs
 
     def _refused(
         self, item: streams.StreamEntry, entry: Entry, count: int, event: str, why: str

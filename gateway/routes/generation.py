@@ -39,7 +39,7 @@ from gateway.routes.sampling import (
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
-from gateway.submit import Entries, admit_or_refuse, charge_quota, submit
+from gateway.submit import Entries, admit_or_refuse, charge_quota, lane_of, submit
 
 MAX_STOP_CHARS = 256
 
@@ -106,6 +106,7 @@ class _Ask:
     session: str | None = None  # an explicit affinity key
     known: str | None = None  # the worker known to cache the prompt's prefix (a stored turn's)
     trace: tracing.TraceContext = tracing.UNTRACED
+    lane: str | None = None  # the tenant whose lane its shared-path entries go to
 
 
 def _entries(
@@ -142,8 +143,7 @@ def _entries(
             **ask.trace._asdict(),
             **checked,
         )
-        names = services.affinity_names(model.info, prompt.tolist(), ask.session)
-        stream, worker = services.generation_stream(model.info.name, len(prompt), names, ask.known)
+        stream, names, worker = _routed(services, model, prompt, ask)
         items.append((stream, encode(entry)))
         ids.append(entry.id)
         routed.append(names)
@@ -157,6 +157,18 @@ def _entries(
         routed=routed,
         owners=owners,
     )
+
+
+def _routed(
+    services: Services, model: ModelEntry, prompt: np.ndarray, ask: _Ask
+) -> tuple[str, list[bytes], str | None]:
+    """Where one prompt goes: the stream of the worker caching its prefix, else its bucket's
+    (in the tenant's lane); the names it is routed by, and that worker."""
+    names = services.affinity_names(model.info, prompt.tolist(), ask.session)
+    stream, worker = services.generation_stream(
+        model.info.name, len(prompt), names, ask.known, ask.lane
+    )
+    return stream, names, worker
 
 
 def _scored(req: GenerationParams) -> int:
@@ -248,7 +260,10 @@ async def queued(
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
     charge = await charge_quota(services, call, tokens)
     session = call.session or req.user
-    ask = _Ask(call.request_id, call.priority, call.timeout_ms, session, known, parsed.entry_trace)
+    lane = await lane_of(services, call, model)
+    ask = _Ask(
+        call.request_id, call.priority, call.timeout_ms, session, known, parsed.entry_trace, lane
+    )
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
     shape = _shape(model, req, prompts)
     sub = _entries(services, model, req, pairs, ask, shape, checked, reply_to)

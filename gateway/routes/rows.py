@@ -20,7 +20,7 @@ from common.clock import wall_ms
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
-from gateway.submit import Entries, admit_or_refuse, charge_quota, submit
+from gateway.submit import Entries, admit_or_refuse, charge_quota, lane_of, submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ async def run_rows(parsed: Parsed, rows: list[np.ndarray] | RowBlocks) -> Answer
     services, model, call = parsed.services, parsed.model, parsed.call
     count = rows.count if isinstance(rows, RowBlocks) else len(rows)
     admit_or_refuse(services, model, count, call.timeout_ms)
-    parts = _Parts(parsed)
+    parts = _Parts(parsed, await lane_of(services, call, model))
     block = await anext(rows.blocks) if isinstance(rows, RowBlocks) else rows
     await charge_quota(services, call, sum(len(r) for r in block))
     first = parts.of(block)
@@ -52,7 +52,7 @@ class _Parts:
     """A request's entries, a block of rows at a time: each block's rows grouped by bucket,
     at most `max_entry_rows` to an entry; `groups` keeps each entry's rows' places."""
 
-    def __init__(self, parsed: Parsed) -> None:
+    def __init__(self, parsed: Parsed, lane: str | None = None) -> None:
         call = parsed.call
         self._services, self._name = parsed.services, parsed.model.info.name
         # an entry's answer must fit one reply: a wide model's entries carry fewer rows
@@ -60,6 +60,7 @@ class _Parts:
             self._services.settings.max_entry_rows, rows_that_fit(parsed.model.info.dim)
         )
         self._request_id, self._trace, self._call = call.request_id, parsed.entry_trace, call
+        self._lane = lane  # the tenant whose lane its entries go to
         start_ms = wall_ms()
         self._start_ms, self._deadline_ms = start_ms, start_ms + call.timeout_ms
         self._timeout_ms = call.timeout_ms
@@ -86,7 +87,7 @@ class _Parts:
                 **self._trace._asdict(),
             )
             longest = max(len(r) for r in members)
-            items.append((services.request_stream(name, longest), encode(entry)))
+            items.append((services.request_stream(name, longest, self._lane), encode(entry)))
             ids.append(entry.id)
             sizes.append(len(indices))
             self.groups.append([self._offset + i for i in indices])

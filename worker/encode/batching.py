@@ -37,6 +37,13 @@ class Waiting:
     n_tokens: int
     arrived_s: float  # monotonic time the worker queued it
     priority: int
+    # its place in the order batches take rows (worker.lane_shares.FairOrder: tenants'
+    # shares, never negative); UNPLACED: its arrival
+    order: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.order < 0:
+            object.__setattr__(self, "order", self.arrived_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +152,9 @@ def _urgent(w: Waiting, now_s: float, limits: Limits) -> bool:
     return w.priority == PRIORITY_INTERACTIVE or now_s - w.arrived_s >= limits.starvation_s
 
 
-_BY_LENGTH = attrgetter("n_tokens", "arrived_s")
-_BY_ARRIVAL = attrgetter("arrived_s", "key")  # ties (rows of one entry): queue order
+# "arrival" is a row's place in the fair order: its arrival, unless tenants share the worker
+_BY_LENGTH = attrgetter("n_tokens", "order")
+_BY_ARRIVAL = attrgetter("order", "key")  # ties (rows of one entry): queue order
 
 
 def in_order(queue: Sequence[Waiting]) -> list[Waiting]:
@@ -270,7 +278,7 @@ def _auto_wait_until(
     gap_s = 1.0 / rate
     if gap_s >= cost.fixed_s / size:
         return None
-    oldest = min(queue, key=_BY_ARRIVAL).arrived_s
+    oldest = min(w.arrived_s for w in queue)
     limit_s = oldest + limits.latency_slo_s / 4
     until = min(now_s + gap_s, limit_s)
     return until if until > now_s else None
@@ -318,7 +326,7 @@ def next_batch(
         )
         rank = (
             0 if urgent else 2 if anchor.priority == PRIORITY_BACKGROUND else 1,
-            anchor.arrived_s,
+            anchor.order,
         )
         if best is None or rank < best[0]:
             best = (rank, batch)
@@ -364,7 +372,7 @@ def _wait_trigger(
     queue: Sequence[Waiting], size: int, now_s: float, limits: Limits, load: Load, bucket: int
 ) -> tuple[str | None, float]:
     """("wait", now) when the wait is over; (None, wake time) while it goes on."""
-    oldest = min(queue, key=_BY_ARRIVAL).arrived_s
+    oldest = min(w.arrived_s for w in queue)
     if limits.max_wait_s is not None:
         deadline = oldest + limits.max_wait_s
         return ("wait", now_s) if now_s >= deadline else (None, deadline)

@@ -15,7 +15,9 @@ from collections.abc import Iterable
 
 from worker.encode.assembly import Assembly
 from worker.encode.batching import Batch, Waiting, in_order
+from worker.lane_shares import FairOrder
 
+TAKEN_KEPT = 4096  # taken rows whose places are remembered, for batches taken back
 Row = tuple[Assembly, int]  # an entry's assembly, and the row's index in the entry
 
 
@@ -26,14 +28,23 @@ class RowQueues:
         self._unsorted: set[int] = set()  # buckets with rows appended since the last sort
         self._alone: list[tuple[int, Waiting]] = []  # redelivered rows: (bucket, row), in order
         self._seq = itertools.count()
+        self._fair = FairOrder()
+        self._order: dict[int, float] = {}  # key -> a queued row's place in the fair order
+        # a taken row's place, kept a while: a batch taken back (`put_back`) keeps its places
+        self._taken: dict[int, float] = {}
 
     @property
     def held(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
     def add(self, bucket: int, assembly: Assembly) -> None:
-        """Every row of a new entry, queued."""
-        self.put_back(bucket, [(next(self._seq), (assembly, i)) for i in range(len(assembly.rows))])
+        """Every row of a new entry, queued, each given its place in the tenants' fair order."""
+        held, keys = assembly.held, []
+        for i, row in enumerate(assembly.rows):
+            key = next(self._seq)
+            self._order[key] = self._fair.tag(held.lane, len(row), held.weight)
+            keys.append((key, (assembly, i)))
+        self.put_back(bucket, keys)
 
     def put_back(self, bucket: int, rows: Iterable[tuple[int, Row]]) -> None:
         """Rows queued (again) under their keys, where they wait by length and arrival."""
@@ -43,7 +54,13 @@ class RowQueues:
             assembly, index = row
             queue[key] = row
             arrived_s, priority = assembly.held.arrived_s, assembly.entry.priority
-            waiting = Waiting(key, len(assembly.rows[index]), arrived_s, priority)
+            order = self._order.get(key)
+            if order is None:  # a taken row back: its old place, else a new one
+                order = self._taken.pop(key, None)
+                if order is None:
+                    order = self._fair.tag(assembly.held.lane, 1, assembly.held.weight)
+                self._order[key] = order
+            waiting = Waiting(key, len(assembly.rows[index]), arrived_s, priority, order)
             if assembly.held.alone:
                 self._alone.append((bucket, waiting))
             else:
@@ -63,6 +80,12 @@ class RowQueues:
         """These rows, off the queue (the order of the rest stays)."""
         queue, keys = self._queues[bucket], list(keys)
         rows = [queue.pop(key) for key in keys]
+        if keys:
+            places = [self._order.pop(key, 0.0) for key in keys]
+            self._fair.taken(places)
+            self._taken.update(zip(keys, places, strict=True))
+            while len(self._taken) > TAKEN_KEPT:  # oldest first: dicts keep insertion order
+                del self._taken[next(iter(self._taken))]
         gone = set(keys)
         self._views[bucket] = [w for w in self._views[bucket] if w.key not in gone]
         if self._alone:

@@ -1,0 +1,30 @@
+"""Tenants' lanes announced to the workers: the registry of which tenants queue a model's
+work in streams of their own, and with what weight.
+
+A gateway announces a lane before it writes the lane's first entry, and again every
+`ANNOUNCE_EVERY_S` (a Redis restarted empty learns it back within that) or when the weight
+changes. Workers read the registry and add the lanes they find to what they read.
+"""
+
+from __future__ import annotations
+
+import time
+
+from common.keys import Keys
+from common.store import Store
+
+ANNOUNCE_EVERY_S = 5.0
+
+
+class Lanes:
+    def __init__(self, store: Store, keys: Keys) -> None:
+        self._store, self._keys = store, keys
+        self._announced: dict[tuple[str, str], tuple[float, float]] = {}  # -> (when, weight)
+
+    async def announce(self, model: str, tenant: str, weight: float) -> None:
+        now = time.monotonic()
+        last = self._announced.get((model, tenant))
+        if last is not None and now - last[0] < ANNOUNCE_EVERY_S and last[1] == weight:
+            return
+        await self._store.hset(self._keys.lanes(model), tenant, repr(weight))
+        self._announced[(model, tenant)] = (now, weight)
