@@ -36,6 +36,7 @@ from worker.replies import Done, Entry, Reply, error_reply
 
 log = logging.getLogger("microbatch.worker")
 BURST_POLL_S = 0.01
+PROBE_EVERY_S = 0.005  # how often idle lanes are looked at while the loop is full
 
 
 class Sink(Protocol):
@@ -101,7 +102,10 @@ class Intake:
         try:
             while not stop.is_set():
                 if self._loop.room() <= 0:
-                    await self._inbox.wait_room(self.settings.heartbeat_interval_ms / 1000)
+                    if not self._lanes.idle_lanes():
+                        await self._inbox.wait_room(self.settings.heartbeat_interval_ms / 1000)
+                    elif not await self.probe_idle():  # none came: look again soon
+                        await self._inbox.wait_room(PROBE_EVERY_S)
                     continue
                 try:
                     read = await self.read_once(block_ms)
@@ -119,6 +123,19 @@ class Intake:
                     await self._inbox.wait_room(BURST_POLL_S)
         finally:
             self._inbox.reading_ended()  # the loop may finish draining
+
+    async def probe_idle(self) -> int:
+        """With the loop full, an entry of a tenant's lane that was idle, read at once (one
+        over the loop's room, per such lane): it goes before the backlogged lanes' rows in
+        the fair order, so it joins the next batch instead of waiting for the room."""
+        try:
+            read, asked = await self._lanes.probe()
+        except RedisError as exc:  # the reads that follow back off; the probe just waits
+            log.debug("probe of idle lanes failed: %s", exc)
+            return 0
+        costs = await self.accept(read, deliveries={}) if read else {}
+        self._lanes.served(asked, costs)
+        return len(read)
 
     async def read_once(self, block_ms: int | None) -> int:
         """One read of new entries into the loop (split between tenants' lanes by their

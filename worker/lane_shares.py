@@ -4,21 +4,18 @@ With a tenants file, each tenant's requests wait in lanes of their own (a stream
 untenanted traffic keeps the bucket streams (lane ""). A worker reads what it can start soon,
 so the order it reads the lanes in is the order tenants are served: this policy splits each
 read's room between the lanes by weight, and keeps a virtual-token counter per lane (tokens
-read over its weight, as in "Fairness in Serving LLMs", OSDI 2024): a lane more than
-`SLACK_TOKENS` ahead of the least served backlogged lane sits out until the others catch up,
-so lanes whose requests are larger do not take more of the worker. A lane that comes back
-from idle starts at the least served backlogged lane's count (no credit for idle time),
+read over its weight, as in "Fairness in Serving LLMs", OSDI 2024): each entry of a read's
+room goes to the backlogged lane least served so far, so lanes whose requests are larger do
+not take more of the worker, and weights hold even one entry at a time. A lane that comes
+back from idle starts at the least served backlogged lane's count (no credit for idle time),
 and a lane alone is never held back (work-conserving). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 from common.protocol import GenerateEntry, RequestEntry
-
-SLACK_TOKENS = 2048.0  # how far ahead of the least served backlogged lane a lane may run
 
 
 def cost_of(entry: RequestEntry | GenerateEntry) -> int:
@@ -33,7 +30,11 @@ class LaneShares:
     def __init__(self) -> None:
         self._weights: dict[str, float] = {}
         self._served: dict[str, float] = {}  # virtual tokens: tokens read / weight
+        self._mean_cost: dict[str, float] = {}  # tokens per entry read, a moving mean
         self._backlogged: set[str] = set()  # lanes whose last read found entries
+        # the least served backlogged lane's count when one last was: a lane back from idle
+        # starts there, also when every lane's queue was empty a moment (an open-loop client)
+        self._level = 0.0
 
     @property
     def lanes(self) -> dict[str, float]:
@@ -44,42 +45,62 @@ class LaneShares:
         floor = self._floor()
         self._weights = {lane: w for lane, w in weights.items() if w > 0}
         for lane in self._weights:
-            self._served.setdefault(lane, 0.0 if floor is None else floor)
+            self._served.setdefault(lane, floor)
+            self._mean_cost.setdefault(lane, 1.0)
         self._backlogged &= set(self._weights)
 
-    def counts(self, room: int) -> dict[str, int]:
-        """Entries to read from each lane now: the room split by weight (one at least)
-        between the lanes not more than `SLACK_TOKENS` ahead of the least served."""
-        floor = self._floor()
-        eligible = {
-            lane: w
-            for lane, w in self._weights.items()
-            if floor is None or self._served[lane] - floor <= SLACK_TOKENS
-        }
-        total = sum(eligible.values())
-        return {lane: max(1, math.floor(room * w / total)) for lane, w in eligible.items()}
+    def idle(self) -> set[str]:
+        """The lanes a read last found empty."""
+        return set(self._weights) - self._backlogged
 
-    def read(self, asked: Iterable[str], costs: Mapping[str, int]) -> None:
-        """What a read found: `costs` (tokens) per lane among those `asked`; a lane asked
-        that gave nothing is idle until a read finds it backlogged again."""
+    def counts(self, room: int) -> dict[str, int]:
+        """Entries to read from each lane now. The room goes an entry at a time to the
+        backlogged lane least served so far (counting each entry at its lane's mean cost
+        over its weight), so the shares hold even when the room is one entry; every other
+        lane is probed for the part it would have were it backlogged (one at least), so an
+        idle lane's next entries are read as soon as they come, and cost no room until then.
+        With no lane backlogged, each gets an equal part of the room."""
+        backlogged = [lane for lane in self._weights if lane in self._backlogged]
+        if not backlogged:
+            return dict.fromkeys(self._weights, max(1, room // max(1, len(self._weights))))
+        busy = sum(self._weights[lane] for lane in backlogged)
+        out = {  # an idle lane's probe: its part of the room, were it backlogged too
+            lane: 0 if lane in self._backlogged else max(1, round(room * w / (busy + w)))
+            for lane, w in self._weights.items()
+        }
+        projected = {lane: self._served[lane] for lane in backlogged}
+        for _ in range(max(1, room)):
+            lane = min(projected, key=projected.__getitem__)
+            out[lane] += 1
+            projected[lane] += self._mean_cost[lane] / self._weights[lane]
+        return {lane: n for lane, n in out.items() if n > 0}
+
+    def read(
+        self, asked: Iterable[str], costs: Mapping[str, int], entries: Mapping[str, int]
+    ) -> None:
+        """What a read found: `costs` (tokens) and `entries` per lane among those `asked`;
+        a lane asked that gave nothing is idle until a read finds it backlogged again."""
         floor = self._floor()
         for lane in asked:
-            cost = costs.get(lane, 0)
             if lane not in self._weights:
                 continue
-            if cost <= 0:
+            count = entries.get(lane, 0)
+            if count <= 0:
                 self._backlogged.discard(lane)
                 continue
-            if lane not in self._backlogged:
-                if floor is not None:  # back from idle: no credit for the idle time
-                    self._served[lane] = max(self._served[lane], floor)
+            if lane not in self._backlogged:  # back from idle: no credit for the idle time
+                self._served[lane] = max(self._served[lane], floor)
                 self._backlogged.add(lane)
+            cost = max(1, costs.get(lane, 0))
             self._served[lane] += cost / self._weights[lane]
+            self._mean_cost[lane] += 0.2 * (cost / count - self._mean_cost[lane])
 
-    def _floor(self) -> float | None:
-        """The least served backlogged lane's count; None when no lane is backlogged."""
+    def _floor(self) -> float:
+        """The least served backlogged lane's count (when none is: as when one last was)."""
         served = [self._served[lane] for lane in self._backlogged if lane in self._served]
-        return min(served) if served else None
+        if served:
+            self._level = max(self._level, min(served))
+        return self._level
 
 
 class FairOrder:

@@ -39,6 +39,7 @@ class LaneReader:
         self._shares = LaneShares()
         self._shares.set_weights({UNTENANTED: 1.0})
         self._refreshed_s = float("-inf")
+        self._entries: dict[str, int] = {}  # entries the last read took, per lane
 
     def lane_of(self, stream: str) -> str:
         return self._lane_of.get(stream, UNTENANTED)
@@ -86,7 +87,28 @@ class LaneReader:
                 self._store, self._consumer, everything, count=1, block_ms=block_ms
             )
             lanes = set(self._shares.lanes)
+        self._count(read)
         return read, lanes
+
+    def idle_lanes(self) -> set[str]:
+        """Lanes a read last found empty (none while there are no tenants' lanes)."""
+        if len(self._shares.lanes) == 1:
+            return set()
+        return self._shares.idle()
+
+    async def probe(self) -> tuple[list[streams.StreamEntry], set[str]]:
+        """One entry from each idle lane that has one (not waiting for any)."""
+        lanes = self.idle_lanes()
+        asked = dict.fromkeys((s for s, lane in self._lane_of.items() if lane in lanes), ">")
+        read = await streams.read_group(self._store, self._consumer, asked, count=1, block_ms=None)
+        self._count(read)
+        return read, lanes
+
+    def _count(self, read: list[streams.StreamEntry]) -> None:
+        self._entries = {}
+        for item in read:
+            lane = self.lane_of(item.stream)
+            self._entries[lane] = self._entries.get(lane, 0) + 1
 
     def served(self, asked: set[str], costs: Mapping[str, int]) -> None:
         """What a read took from each stream (tokens), counted against its lane's share."""
@@ -94,4 +116,4 @@ class LaneReader:
         for stream, cost in costs.items():
             lane = self.lane_of(stream)
             by_lane[lane] = by_lane.get(lane, 0) + cost
-        self._shares.read(asked, by_lane)
+        self._shares.read(asked, by_lane, self._entries)

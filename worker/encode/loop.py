@@ -130,6 +130,8 @@ class EmbedLoop:
         assembly = Assembly.of(held)
         self._entries[(held.stream, held.entry_id)] = assembly
         self._rows.add(held.bucket, assembly)
+        if self._behind and held.lane:  # a tenant's rows may come before the queued batch's
+            self._revoke_behind(self._rows.ahead_of(assembly))
         n = len(assembly.rows)
         self._observed.arrival(held.bucket, held.arrived_s, n, not assembly.background)
         self._next_deadline_ms = min(self._next_deadline_ms, assembly.entry.deadline_ms)
@@ -227,13 +229,16 @@ class EmbedLoop:
         self._start_batch(decision, self._parallel.threads_per_stream, 0, behind=True)
         return 0.0
 
-    def _revoke_behind(self) -> int:
-        """Take back a batch queued behind the running one that holds rows of a dropped entry,
-        if it has not started: its other rows queue again, the dropped ones never compute.
-        Rows skipped so."""
+    def _revoke_behind(self, before: float | None = None) -> int:
+        """Take back a batch queued behind the running one, if it has not started, that holds
+        rows of a dropped entry (its other rows queue again, the dropped ones never compute),
+        or, with `before`, a row whose place in the fair order is after it (a tenant's row
+        read since goes first). Rows skipped so."""
         skipped = 0
         for task, behind in list(self._behind.items()):
-            if not any(a.dropped for a, _, _ in behind.entries) or not behind.future.cancel():
+            dropped = any(a.dropped for a, _, _ in behind.entries)
+            later = before is not None and self._rows.latest(behind.batch.keys) > before
+            if not (dropped or later) or not behind.future.cancel():
                 continue
             del self._behind[task]
             back = []

@@ -92,6 +92,18 @@ class RowQueues:
             self._alone = [(b, w) for b, w in self._alone if b != bucket or w.key not in gone]
         return rows
 
+    def ahead_of(self, assembly: Assembly) -> float:
+        """The earliest place in the fair order of an entry's queued rows."""
+        bucket = assembly.held.bucket
+        return min(
+            (self._order[k] for k, (a, _) in self._queues[bucket].items() if a is assembly),
+            default=float("inf"),
+        )
+
+    def latest(self, keys: Iterable[int]) -> float:
+        """The latest place in the fair order among taken rows (-inf: none remembered)."""
+        return max((self._taken[k] for k in keys if k in self._taken), default=float("-inf"))
+
     def lone(self) -> Batch | None:
         """The next redelivered row, as a batch of its own; None when there is none."""
         if not self._alone:
