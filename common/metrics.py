@@ -32,6 +32,22 @@ quota_checks_total = Counter(
     "request was `unchecked_admitted` (fail open) or `unchecked_refused` (fail closed)",
     ["outcome"],
 )
+tenant_requests_total = Counter(
+    "microbatch_tenant_requests_total",
+    "API calls by tenant (names from the tenants file, never keys) and status code",
+    ["tenant", "status"],
+)
+tenant_tokens_total = Counter(
+    "microbatch_tenant_tokens_total",
+    "Tokens a tenant's answered calls used: `in` (inputs, prompts) and `out` (generated)",
+    ["tenant", "direction"],
+)
+tenant_queue_wait_seconds = Histogram(
+    "microbatch_tenant_queue_wait_seconds",
+    "A tenant's answered calls: the longest wait of their entries from the gateway to a batch",
+    ["tenant"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 tenant_refusals_total = Counter(
     "microbatch_tenant_refusals_total",
     "Requests refused 429 over a tenant's quota, by tenant (from the tenants file) and quota",

@@ -96,6 +96,7 @@ class _Tally:
     route: str
     request_id: str | None = None
     label: str = "unknown"  # the model, once known
+    tenant: str | None = None  # the caller's tenant, once its key is read
 
 
 def error_response(exc: MicrobatchError, request_id: str | None) -> Response:
@@ -162,6 +163,8 @@ async def _call(
     finally:
         metrics.inflight_requests.dec()
         metrics.requests_total.labels(route, tally.label, str(status)).inc()
+        if tally.tenant is not None:
+            metrics.tenant_requests_total.labels(tally.tenant, str(status)).inc()
         metrics.request_duration_seconds.labels(route, tally.label).observe(
             time.perf_counter() - started, trace_exemplar(services.tracer)
         )
@@ -180,6 +183,7 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
     receive = request.receive
     settings = services.settings
     tenant_name = services.tenants.of_key(key) if key is not None else None
+    tally.tenant = tenant_name
     tenant = services.tenants.by_name.get(tenant_name) if tenant_name else None
     timeout_ms = timeout_ms_of(
         headers.get("x-microbatch-timeout-ms"),

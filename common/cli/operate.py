@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from common.cli.options import EXTRA, settings_from_context
-from common.cli.render import status_table, summary_table
+from common.cli.render import status_table, summary_table, tenants_table
 
 RedisUrl = Annotated[str | None, typer.Option(help="redis:// or rediss:// URL")]
 Url = Annotated[str, typer.Option(help="Gateway base URL")]
@@ -73,8 +73,12 @@ def status(
     redis_url: RedisUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts")] = False,
     watch: Annotated[float, typer.Option(help="Refresh every N seconds (0 = once)")] = 0.0,
+    tenants: Annotated[
+        bool, typer.Option("--tenants", help="Also each tenant's lane: what it has queued")
+    ] = False,
 ) -> None:
-    """Queue depth, lag, pending, oldest age, dead letters per model and bucket; workers."""
+    """Queue depth, lag, pending, oldest age, dead letters per model and bucket; workers;
+    with --tenants, what each tenant's lane holds."""
     from redis.exceptions import RedisError
     from rich.console import Console
 
@@ -105,6 +109,8 @@ def status(
             if watch:
                 console.clear()
             console.print(status_table(models))
+            if tenants:
+                console.print(tenants_table(models))
         if not watch:
             return
         time.sleep(watch)

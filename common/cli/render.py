@@ -37,6 +37,18 @@ def status_table(models: list) -> Any:
     return table
 
 
+def tenants_table(models: list) -> Any:
+    """Per model, each tenant's lane (a tenants file's tenants with traffic): its depth."""
+    table = Table(title="microbatch tenants' lanes")
+    for column in ("model", "tenant", "depth"):
+        table.add_column(column, justify="right" if column == "depth" else "left")
+    for m in models:
+        for tenant, depth in sorted(m.lanes.items()):
+            table.add_row(m.model, tenant, str(depth))
+    table.caption = "depth = waiting + in progress in the tenant's lane, all buckets"
+    return table
+
+
 def batches_table(batches: list[dict]) -> Any:
     table = Table(title="microbatch batches (unfinished)")
     for column in (

@@ -39,7 +39,14 @@ from gateway.routes.sampling import (
 from gateway.routes.streaming import stream
 from gateway.schemas import GenerationParams
 from gateway.services import Services
-from gateway.submit import Entries, admit_or_refuse, charge_quota, lane_of, submit
+from gateway.submit import (
+    Entries,
+    admit_or_refuse,
+    charge_quota,
+    lane_of,
+    submit,
+    tenant_used,
+)
 
 MAX_STOP_CHARS = 256
 
@@ -216,11 +223,13 @@ async def _generate(parsed: Parsed, fmt: Format, prepare: Prepare) -> Response:
 async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[GenerationChunk]:
     """Write the entries and wait for their final chunks; each worker that answered is
     learnt as the one caching its prompt's prefix."""
-    services = parsed.services
-    used = sum(sub.prompt_tokens)  # what a failed request is settled at
+    services, prompt = parsed.services, sum(sub.prompt_tokens)
+    used = prompt  # what a failed request is settled at
     try:
         finals: list[GenerationChunk] = await submit(services, parsed.call, sub.entries, choices)  # type: ignore[assignment]
-        used += sum(c.completion_tokens for c in finals)
+        generated = sum(c.completion_tokens for c in finals)
+        used += generated
+        tenant_used(parsed.call, prompt, generated, max(c.queue_ms for c in finals))
     finally:
         services.routes_answered(sub.entries.model, sub.owners)
         services.quotas.settle(sub.charge, used)

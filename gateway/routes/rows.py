@@ -20,7 +20,14 @@ from common.clock import wall_ms
 from common.protocol import EmbeddingResult, RequestEntry, encode, pack_rows, rows_that_fit
 from gateway.inputs import RowBlocks
 from gateway.request import Call, Parsed
-from gateway.submit import Entries, admit_or_refuse, charge_quota, lane_of, submit
+from gateway.submit import (
+    Entries,
+    admit_or_refuse,
+    charge_quota,
+    lane_of,
+    submit,
+    tenant_used,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +52,7 @@ async def run_rows(parsed: Parsed, rows: list[np.ndarray] | RowBlocks) -> Answer
     more = parts.each(rows.blocks) if isinstance(rows, RowBlocks) else None
     replies: list[EmbeddingResult] = await submit(services, call, first, more=more)  # type: ignore[assignment]
     tokens = sum(r.n_tokens for r in replies)
+    tenant_used(call, tokens, 0, max((r.queue_ms for r in replies), default=0.0))
     return Answered(_in_order(replies, parts.groups, count), tokens, replies)
 
 

@@ -131,3 +131,60 @@ def test_the_queue_depth_admission_reads_counts_the_lanes(served) -> None:
     found = asyncio.run(measured())
     assert found.depth == 4 and found.buckets[0].lag == 4
     assert found.lanes == {"light": 3}
+
+
+def test_a_probe_reads_only_the_lanes_a_read_found_idle(served) -> None:
+    from common import streams
+    from worker.lanes import LaneReader
+
+    _, redis_url = served
+    store = redis.Redis.from_url(redis_url)
+    store.hset(f"{PREFIX}:{{probe}}:lanes", mapping={"busy": "1.0", "quiet": "1.0"})
+
+    async def probed() -> tuple[list[str], set[str]]:
+        client = open_store(Settings(redis_url=redis_url))
+        try:
+            keys = Keys(PREFIX)
+            base = [keys.request("probe", 128)]
+            await streams.ensure_groups(client, base)
+            reader = LaneReader(client, keys, "probe", [128], base, "c", time.monotonic)
+            await reader.refresh(force=True)
+            busy, quiet = keys.lane("probe", 128, "busy"), keys.lane("probe", 128, "quiet")
+            for _ in range(3):
+                await client.xadd(busy, {"m": b"x"})
+            read, asked = await reader.read(3, None)  # a part each: busy gives, quiet not
+            reader.served(asked, {busy: 1})
+            assert [reader.lane_of(e.stream) for e in read] == ["busy"]
+            await client.xadd(quiet, {"m": b"x"})
+            more, lanes = await reader.probe()
+            return [reader.lane_of(e.stream) for e in more], lanes
+        finally:
+            await close_store(client)
+
+    lanes_read, probed_lanes = asyncio.run(probed())
+    # busy is backlogged: the probe leaves it to the room's reads, and takes quiet's entry
+    assert lanes_read == ["quiet"] and "busy" not in probed_lanes and "quiet" in probed_lanes
+
+
+def test_each_tenant_is_seen_in_metrics_and_in_status(served) -> None:
+    from typer.testing import CliRunner
+
+    from common.cli import app
+
+    url, redis_url = served
+    assert _embed_sync(url, "sk-light").status_code == 200
+    metrics = httpx.get(f"{url}/metrics").text
+    assert 'microbatch_tenant_requests_total{status="200",tenant="light"}' in metrics
+    assert 'microbatch_tenant_tokens_total{direction="in",tenant="light"}' in metrics
+    assert 'microbatch_tenant_queue_wait_seconds_count{tenant="light"}' in metrics
+    assert "sk-light" not in metrics  # names from the file, never keys
+    shown = CliRunner().invoke(
+        app, ["status", "--redis-url", redis_url, "--prefix", PREFIX, "--tenants"]
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "tenants' lanes" in shown.output and "light" in shown.output
+    listed = CliRunner().invoke(
+        app, ["status", "--redis-url", redis_url, "--prefix", PREFIX, "--json"]
+    )
+    [noop] = [m for m in json.loads(listed.output) if m["model"] == "noop"]
+    assert set(noop["lanes"]) == {"heavy", "light"}

@@ -99,3 +99,14 @@ def test_held_rows_of_a_light_lane_take_their_place_among_a_heavy_backlog() -> N
     taken = rows.take(128, batch.keys)
     # by share: the light lane's first row is in the first batch, not after 20 heavy rows
     assert [a.held.lane for a, _ in taken].count("light") >= 1
+
+
+def test_a_lane_back_while_every_queue_was_empty_a_moment_starts_at_the_level() -> None:
+    shares = _shares(a=1, b=1)
+    for _ in range(100):  # a alone, backlogged
+        _backlog(shares, "a")
+    shares.read({"a", "b"}, {}, {})  # every lane empty a moment (an open-loop tenant)
+    _backlog(shares, "b")  # b back: at the level a was at, not 100 behind it
+    _backlog(shares, "a", "b")
+    counts = shares.counts(10)
+    assert abs(counts["a"] - counts["b"]) <= 1
