@@ -28,8 +28,9 @@ tenants_reloads_total = Counter(
 )
 quota_checks_total = Counter(
     "microbatch_quota_checks_total",
-    "Tenant quota checks: `admitted`, `refused` (429), or Redis did not answer and the "
-    "request was `unchecked_admitted` (fail open) or `unchecked_refused` (fail closed)",
+    "Tenant quota checks: `admitted` (by Redis), `admitted_leased` (from what this gateway "
+    "leased ahead), `refused` (429), or Redis did not answer and the request was "
+    "`unchecked_admitted` (fail open) or `unchecked_refused` (fail closed)",
     ["outcome"],
 )
 tenant_requests_total = Counter(

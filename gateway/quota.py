@@ -18,6 +18,13 @@ from dataclasses import dataclass
 
 MINUTE_US = 60_000_000
 BURST_SHARE = 20  # the burst is 1/BURST_SHARE of the per-minute quota
+# A gateway leases a quarter of a burst ahead, spent without asking Redis, where the burst is
+# large enough for it to matter (a small quota is checked every time, exactly); a lease not
+# spent within LEASE_S is dropped, never handed back: the fleet only ever admits less.
+LEASE_SHARE = 4
+LEASE_MIN_BURST = 64
+LEASE_S = 1.0
+UNMETERED = 1 << 62  # what a gateway may spend of a pace a tenant does not have
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,16 +35,22 @@ class Pace:
     cost: int
 
     @property
-    def interval_us(self) -> int:
-        """Microseconds per unit; 0 when unlimited (the script then skips it)."""
-        return 0 if self.per_minute is None else max(1, MINUTE_US // self.per_minute)
+    def interval_us(self) -> float:
+        """Microseconds per unit (a fraction for a quota over 60M a minute); 0 when
+        unlimited (the script then skips it)."""
+        return 0 if self.per_minute is None else MINUTE_US / self.per_minute
 
     @property
     def burst(self) -> int:
         return 0 if self.per_minute is None else max(1, self.per_minute // BURST_SHARE)
 
-    def args(self) -> list[int]:
-        return [self.interval_us, self.burst, self.cost]
+    @property
+    def lease(self) -> int:
+        """Units a gateway takes ahead of this request, to spend on the next ones locally."""
+        return self.burst // LEASE_SHARE if self.burst >= LEASE_MIN_BURST else 0
+
+    def args(self) -> list[float]:
+        return [self.interval_us, self.burst, self.cost, self.lease]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +69,13 @@ class Verdict:
     requests: Standing | None  # None: no requests quota
     tokens: Standing | None
     refused_by: str = ""  # "requests" or "tokens" when refused
+    leased: bool = False  # each pace's lease was charged too, to spend locally
 
     @classmethod
     def of(cls, reply: list[int], requests: Pace, tokens: Pace) -> Verdict:
         """The script's reply: [admitted, retry_after_us, refused_by (1 requests, 2 tokens),
-        remaining and reset per pace]."""
-        admitted, retry, refused, r_left, r_reset, t_left, t_reset = (int(x) for x in reply)
+        leased, remaining and reset per pace]."""
+        admitted, retry, refused, leased, r_left, r_reset, t_left, t_reset = (int(x) for x in reply)
 
         def standing(pace: Pace, left: int, reset: int) -> Standing | None:
             if pace.per_minute is None:
@@ -74,6 +88,7 @@ class Verdict:
             standing(requests, r_left, r_reset),
             standing(tokens, t_left, t_reset),
             {1: "requests", 2: "tokens"}.get(refused, ""),
+            bool(leased),
         )
 
     def headers(self) -> dict[str, str]:
@@ -89,6 +104,32 @@ class Verdict:
             out["retry-after-ms"] = str(max(1, -(-self.retry_after_us // 1000)))
             out["Retry-After"] = str(max(1, -(-self.retry_after_us // 1_000_000)))
         return out
+
+
+@dataclass(slots=True)
+class Allowance:
+    """What a gateway leased ahead from a tenant's paces, spent without asking Redis until
+    `until_s`; answers carry the standing Redis gave with it (`headers`)."""
+
+    requests: int
+    tokens: int
+    until_s: float
+    headers: dict[str, str]
+
+    @classmethod
+    def of(cls, headers: dict[str, str], requests: Pace, tokens: Pace, now_s: float) -> Allowance:
+        def left(pace: Pace) -> int:
+            return UNMETERED if pace.per_minute is None else pace.lease
+
+        return cls(left(requests), left(tokens), now_s + LEASE_S, headers)
+
+    def take(self, requests: int, tokens: int, now_s: float) -> bool:
+        """Spend these if the lease still holds them."""
+        if now_s >= self.until_s or requests > self.requests or tokens > self.tokens:
+            return False
+        self.requests -= requests
+        self.tokens -= tokens
+        return True
 
 
 def go_duration(us: int) -> str:

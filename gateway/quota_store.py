@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -22,43 +23,58 @@ from common.keys import Keys
 from common.store import Store
 from common.tasks import spawn_supervised
 from common.tenants import Tenant
-from gateway.quota import MINUTE_US, Pace, Verdict, too_large
+from gateway.quota import MINUTE_US, Allowance, Pace, Verdict, too_large
 
 log = logging.getLogger("microbatch.gateway")
 CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
 
-# KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us, burst, cost per pace
-# (interval 0: no such quota), then a minute in us. A pace's value is its theoretical arrival
-# time (TAT, us); a request fits when charging it leaves the TAT at most max(burst, cost)
-# units ahead of now. Reply: admitted, retry_after_us, refused_by (1, 2), then per pace the
-# units left this minute and the us until it is rested.
+# KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us (a fraction above
+# 60M a minute), burst, cost, lease per pace (interval 0: no such quota), then a minute in
+# us. A pace's value is its theoretical arrival time (TAT, us, to the nanosecond); a charge
+# fits when it leaves the TAT at most max(burst, charge) units ahead of now. The request is
+# charged with each pace's lease if that fits, else alone. Reply: admitted, retry_after_us,
+# refused_by (1, 2), leased, then per pace the units left this minute and the us until it
+# is rested.
 _CHARGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local minute = tonumber(ARGV[7])
-local tat, after = {}, {}
-local retry, refused = 0, 0
+local tat = {}
 for i = 1, 2 do
-  local interval = tonumber(ARGV[3 * i - 2])
-  if interval > 0 then
-    local burst, cost = tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  if tonumber(ARGV[4 * i - 3]) > 0 then
     tat[i] = math.max(tonumber(redis.call('GET', KEYS[i]) or '0'), now)
-    after[i] = tat[i] + cost * interval
-    local over = after[i] - now - math.max(burst, cost) * interval
-    if over > retry then retry, refused = over, i end
   end
 end
-local out = {retry > 0 and 0 or 1, retry, refused}
+local function charged(lease)
+  local retry, refused, after = 0, 0, {}
+  for i = 1, 2 do
+    local interval = tonumber(ARGV[4 * i - 3])
+    if interval > 0 then
+      local cost = tonumber(ARGV[4 * i - 1]) + lease * tonumber(ARGV[4 * i])
+      after[i] = tat[i] + cost * interval
+      local over = after[i] - now - math.max(tonumber(ARGV[4 * i - 2]), cost) * interval
+      if over > retry then retry, refused = over, i end
+    end
+  end
+  return retry, refused, after
+end
+local leased = 1
+local retry, refused, after = charged(1)
+if retry > 0 then
+  leased = 0
+  retry, refused, after = charged(0)
+end
+local out = {retry > 0 and 0 or 1, retry, refused, leased}
 for i = 1, 2 do
-  local interval = tonumber(ARGV[3 * i - 2])
+  local interval = tonumber(ARGV[4 * i - 3])
   if interval > 0 then
     local at = after[i]
     if retry > 0 then
       at = tat[i]
     else
-      redis.call('SET', KEYS[i], string.format('%d', at), 'PX', math.ceil((at - now) / 1000) + 1000)
+      local ttl = math.ceil((at - now) / 1000) + 1000
+      redis.call('SET', KEYS[i], string.format('%.3f', at), 'PX', ttl)
     end
-    out[#out + 1] = math.floor((minute - (at - now)) / interval)
+    out[#out + 1] = math.floor((tonumber(ARGV[9]) - (at - now)) / interval)
     out[#out + 1] = at - now
   else
     out[#out + 1] = 0
@@ -76,7 +92,7 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local stored = tonumber(redis.call('GET', KEYS[1]) or '0')
 if stored <= now then return 0 end
 local at = math.max(now, stored - tonumber(ARGV[1]) * tonumber(ARGV[2]))
-redis.call('SET', KEYS[1], string.format('%d', at), 'PX', math.ceil((at - now) / 1000) + 1000)
+redis.call('SET', KEYS[1], string.format('%.3f', at), 'PX', math.ceil((at - now) / 1000) + 1000)
 return 1
 """
 
@@ -87,13 +103,14 @@ class Charge:
 
     tenant: str
     tokens: Pace
-    verdict: Verdict
+    headers: dict[str, str]  # the tenant's standing, as OpenAI's rate-limit headers
 
 
 class Quotas:
     def __init__(self, store: Store, keys: Keys, on_redis_error: str) -> None:
         self._store, self._keys = store, keys
         self._fail_closed = on_redis_error == "closed"
+        self._allowances: dict[str, Allowance] = {}  # per tenant: leased ahead, spent here
 
     async def charge(
         self, name: str, tenant: Tenant, tokens: int, requests: int = 1
@@ -108,8 +125,13 @@ class Quotas:
         problem = too_large(costs)
         if problem is not None:
             raise InvalidRequest(problem, param="max_tokens", code="request_too_large")
+        now_s = time.monotonic()
+        allowance = self._allowances.get(name)
+        if allowance is not None and allowance.take(asked.cost, costs.cost, now_s):
+            metrics.quota_checks_total.labels("admitted_leased").inc()
+            return Charge(name, costs, allowance.headers)
         keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
-        args = [*asked.args(), *costs.args(), MINUTE_US]
+        args = [*asked.args(), *costs.args(), MINUTE_US]  # ARGV[9]: the minute
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
                 reply = await self._store.eval(_CHARGE, 2, *keys, *args)
@@ -130,7 +152,10 @@ class Quotas:
                 headers=verdict.headers(),
             )
         metrics.quota_checks_total.labels("admitted").inc()
-        return Charge(name, costs, verdict)
+        headers = verdict.headers()
+        if verdict.leased and requests:  # a whole request's charge: its lease is spendable
+            self._allowances[name] = Allowance.of(headers, asked, costs, now_s)
+        return Charge(name, costs, headers)
 
     def settle(self, charge: Charge | None, used_tokens: int) -> None:
         """Hand back what an ended answer did not use of its tokens charge (in the

@@ -87,7 +87,7 @@ async def charge_quota(
     with tracing.span(services.tracer, "quota"):
         charge = await services.quotas.charge(call.tenant or "", tenant, tokens, requests)
     if charge is not None and requests:
-        call.headers.update(charge.verdict.headers())
+        call.headers.update(charge.headers)
     return charge
 
 

@@ -81,7 +81,7 @@ def test_a_requests_quota_is_one_limit_across_gateways_and_the_client_retry_wait
     )
     store = redis.Redis.from_url(common["redis_url"])
     key = f"{PREFIX}:{{tenant:paced}}:quota:requests"
-    wait_until(lambda: int(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
+    wait_until(lambda: float(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
     first = _embed(a, "sk-paced")
     assert first.status_code == 200, first.text
     assert first.headers["x-ratelimit-limit-requests"] == "30"
@@ -120,7 +120,7 @@ def test_a_generation_is_charged_its_max_tokens_and_settled_with_what_it_used(fl
         30,
         "a first metered answer",
     )
-    wait_until(lambda: int(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
+    wait_until(lambda: float(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
     before = _redis_us(store)
     answer = metered.completions.with_raw_response.create(
         model="lm", prompt=prompt, max_tokens=40, temperature=0, stop=[stop]
@@ -132,7 +132,7 @@ def test_a_generation_is_charged_its_max_tokens_and_settled_with_what_it_used(fl
     assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 600 - charged
     # settled: the pace holds only what was used, charged at some moment within the call
     wait_until(
-        lambda: int(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
+        lambda: float(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
         10,
         "the unused tokens handed back",
         until=lambda charged_at: before <= charged_at <= after,

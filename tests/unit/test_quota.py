@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.quota import MINUTE_US, Pace, Verdict, go_duration, too_large
+from gateway.quota import (
+    LEASE_S,
+    MINUTE_US,
+    UNMETERED,
+    Allowance,
+    Pace,
+    Verdict,
+    go_duration,
+    too_large,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -14,14 +23,17 @@ def test_a_pace_spends_a_minute_over_its_quota_with_a_twentieth_as_burst() -> No
     tokens = Pace(6000, 120)
     assert tokens.interval_us == 10_000  # 6000 units a minute
     assert tokens.burst == 300  # 5%: any minute stays within 5% of the quota
-    assert tokens.args() == [10_000, 300, 120]
+    assert tokens.args() == [10_000, 300, 120, 75]  # a quarter burst leased ahead
     assert Pace(10, 1).burst == 1  # a small quota still lets one through
-    assert Pace(None, 5).args() == [0, 0, 5]  # interval 0: the script skips it
+    assert Pace(600, 1).lease == 0  # a small burst is checked every time, exactly
+    assert Pace(1_000_000_000, 1).interval_us == 0.06  # past 60M a minute, a fraction
+    assert Pace(None, 5).args() == [0, 0, 5, 0]  # interval 0: the script skips it
 
 
 def test_an_admitted_verdict_tells_each_quota_it_has_and_no_retry() -> None:
-    verdict = Verdict.of([1, 0, 0, 59, 1_000_000, 5_880, 1_200_000], Pace(60, 1), Pace(6000, 120))
-    assert verdict.admitted and verdict.refused_by == ""
+    reply = [1, 0, 0, 1, 59, 1_000_000, 5_880, 1_200_000]
+    verdict = Verdict.of(reply, Pace(60, 1), Pace(6000, 120))
+    assert verdict.admitted and verdict.refused_by == "" and verdict.leased
     assert verdict.headers() == {
         "x-ratelimit-limit-requests": "60",
         "x-ratelimit-remaining-requests": "59",
@@ -33,7 +45,7 @@ def test_an_admitted_verdict_tells_each_quota_it_has_and_no_retry() -> None:
 
 
 def test_a_refusal_says_which_quota_and_when_to_retry_rounded_up() -> None:
-    verdict = Verdict.of([0, 1_234_567, 2, 0, 0, 0, 3_000_000], Pace(None, 1), Pace(6000, 400))
+    verdict = Verdict.of([0, 1_234_567, 2, 0, 0, 0, 0, 3_000_000], Pace(None, 1), Pace(6000, 400))
     assert not verdict.admitted and verdict.refused_by == "tokens"
     headers = verdict.headers()
     assert headers["retry-after-ms"] == "1235"  # the openai client reads this first
@@ -55,3 +67,14 @@ def test_a_request_larger_than_the_whole_quota_is_named_never_retried() -> None:
     assert too_large(Pace(None, 10**9)) is None
     message = too_large(Pace(6000, 6001))
     assert message is not None and "6001" in message and "tokens_per_minute" in message
+
+
+def test_a_lease_is_spent_locally_until_it_runs_out_or_expires() -> None:
+    verdict = Verdict.of([1, 0, 0, 1, 0, 0, 0, 0], Pace(None, 1), Pace(6000, 40))
+    allowance = Allowance.of(verdict.headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
+    assert allowance.tokens == 75 and allowance.requests == UNMETERED
+    assert allowance.take(1, 40, 100.1) and allowance.tokens == 35
+    assert not allowance.take(1, 40, 100.2)  # not enough left: Redis is asked
+    assert allowance.take(1, 35, 100.3) and allowance.tokens == 0
+    fresh = Allowance.of(verdict.headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
+    assert not fresh.take(1, 1, 100.0 + LEASE_S)  # expired: dropped, never handed back
