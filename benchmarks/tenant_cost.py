@@ -23,9 +23,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.batching import env_with, free_port, parse_wrk
-from benchmarks.fleet import host_cpu, need, poll, start_redis
-from benchmarks.queue_stack import ROOT, process, ready
+from benchmarks.batching import parse_wrk
+from benchmarks.fleet import host_cpu, need
+from benchmarks.tenant_fleet import start_fleet
 
 KEY = "sk-t0"
 
@@ -69,18 +69,7 @@ def main() -> None:
         }
         path = folder / "tenants.json"
         path.write_text(json.dumps({"tenants": tenants}))
-        redis_url = start_redis("single", stack, folder).url
-        common = {"model": "noop", "redis_url": redis_url, "max_queue_depth": 100_000}
-        worker = env_with(worker_id="w0", **common)
-        stack.enter_context(process(ROOT, ["worker"], worker, folder / "w0.log"))
-        urls = {}
-        for mode, extra in (("on", {"tenants": str(path)}), ("off", {"api_keys": KEY})):
-            port = free_port()
-            env = env_with(port=port, gateway_id=f"gw-{mode}", **common, **extra)
-            stack.enter_context(process(ROOT, ["gateway"], env, folder / f"gw-{mode}.log"))
-            urls[mode] = f"http://127.0.0.1:{port}"
-        for url in urls.values():
-            poll(lambda url=url: ready(url, "noop"), 300, f"gateway {url} with a live worker")
+        urls = start_fleet(stack, folder, {"on": {"tenants": str(path)}, "off": {"api_keys": KEY}})
         script = _script(folder)
         rates: dict[str, list[float]] = {"on": [], "off": []}
         for mode in urls:

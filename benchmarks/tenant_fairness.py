@@ -38,45 +38,38 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.batching import env_with, free_port
-from benchmarks.fleet import host_cpu, poll, start_redis
-from benchmarks.queue_stack import ROOT, process, ready
+from benchmarks.fleet import host_cpu
+from benchmarks.tenant_fleet import start_fleet
 
 KEYS = {"A": "sk-a", "B": "sk-b"}
+
+
+async def _timed(client: httpx.AsyncClient, key: str, served: list[float]) -> None:
+    """One single-input request; its latency kept when it was answered."""
+    sent = time.monotonic()
+    answer = await client.post(
+        "/v1/embeddings",
+        json={"model": "noop", "input": "fair"},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+    if answer.status_code == 200:
+        served.append(time.monotonic() - sent)
 
 
 async def _closed(url: str, key: str, until: float, served: list[float]) -> None:
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         while time.monotonic() < until:
-            sent = time.monotonic()
-            answer = await client.post(
-                "/v1/embeddings",
-                json={"model": "noop", "input": "fair"},
-                headers={"Authorization": f"Bearer {key}"},
-            )
-            if answer.status_code == 200:
-                served.append(time.monotonic() - sent)
+            await _timed(client, key, served)
 
 
 async def _open(url: str, key: str, rate: float, until: float, served: list[float]) -> None:
     """Requests at a fixed rate, whatever the answers do: the latency of each."""
     tasks = []
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-
-        async def one() -> None:
-            sent = time.monotonic()
-            answer = await client.post(
-                "/v1/embeddings",
-                json={"model": "noop", "input": "fair"},
-                headers={"Authorization": f"Bearer {key}"},
-            )
-            if answer.status_code == 200:
-                served.append(time.monotonic() - sent)
-
         start = time.monotonic()
         i = 0
         while time.monotonic() < until:
-            tasks.append(asyncio.create_task(one()))
+            tasks.append(asyncio.create_task(_timed(client, key, served)))
             i += 1
             await asyncio.sleep(max(0.0, start + i / rate - time.monotonic()))
         await asyncio.gather(*tasks)
@@ -158,20 +151,10 @@ def main() -> None:
         folder = Path(tmp)
         tenants = folder / "tenants.json"
         _tenants(tenants, 1)
-        redis_url = start_redis("single", stack, folder).url
-        common = {"model": "noop", "redis_url": redis_url, "max_queue_depth": 100_000}
-        worker = env_with(
-            worker_id="w0", noop_compute_ms=args.batch_ms, max_batch_size=args.batch_size, **common
+        gateways = {"on": {"tenants": str(tenants)}, "off": {"api_keys": "sk-a,sk-b"}}
+        urls = start_fleet(
+            stack, folder, gateways, noop_compute_ms=args.batch_ms, max_batch_size=args.batch_size
         )
-        stack.enter_context(process(ROOT, ["worker"], worker, folder / "w0.log"))
-        urls = {}
-        for mode, extra in (("on", {"tenants": str(tenants)}), ("off", {"api_keys": "sk-a,sk-b"})):
-            port = free_port()
-            env = env_with(port=port, gateway_id=f"gw-{mode}", **common, **extra)
-            stack.enter_context(process(ROOT, ["gateway"], env, folder / f"gw-{mode}.log"))
-            urls[mode] = f"http://127.0.0.1:{port}"
-        for url in urls.values():
-            poll(lambda url=url: ready(url, "noop"), 300, f"gateway {url} with a live worker")
         closed(urls["on"], {"A": 2, "B": 2}, 3)  # lanes announced and found; warm
         result: dict = {"host": host_cpu(), "seconds": s, "batch_ms": args.batch_ms}
         for mode in ("off", "on"):  # A with 10x B's clients, both backlogged

@@ -26,9 +26,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.batching import env_with, free_port
-from benchmarks.fleet import host_cpu, poll, start_redis
-from benchmarks.queue_stack import ROOT, process, ready
+from benchmarks.fleet import host_cpu
+from benchmarks.tenant_fleet import start_fleet
 
 KEY = "sk-bench"
 HEADERS = [
@@ -88,19 +87,8 @@ def main() -> None:
         tenants.write_text(
             json.dumps({"tenants": {"bench": {"api_keys": [KEY], "tokens_per_minute": quota}}})
         )
-        redis_url = start_redis("single", stack, folder).url
-        common = {"model": "noop", "redis_url": redis_url, "max_queue_depth": 100_000}
-        stack.enter_context(
-            process(ROOT, ["worker"], env_with(worker_id="w0", **common), folder / "w0.log")
-        )
-        urls = []
-        for i in range(args.gateways):
-            port = free_port()
-            env = env_with(port=port, gateway_id=f"gw{i}", tenants=str(tenants), **common)
-            stack.enter_context(process(ROOT, ["gateway"], env, folder / f"gw{i}.log"))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url in urls:
-            poll(lambda url=url: ready(url, "noop"), 300, f"gateway {url} with a live worker")
+        gateways = {str(i): {"tenants": str(tenants)} for i in range(args.gateways)}
+        urls = list(start_fleet(stack, folder, gateways).values())
         seen: dict = {"admitted": [], "refused": 0, "refused_without_headers": 0, "other": {}}
         until = time.monotonic() + args.seconds
 
