@@ -40,6 +40,14 @@ class LaneShares:
     def lanes(self) -> dict[str, float]:
         return dict(self._weights)
 
+    @property
+    def tenanted(self) -> bool:
+        """Whether any lane besides the bucket streams' exists (the read path asks per read)."""
+        return len(self._weights) > 1
+
+    def weight(self, lane: str) -> float:
+        return self._weights.get(lane, 1.0)
+
     def set_weights(self, weights: Mapping[str, float]) -> None:
         """The lanes and their weights (a new lane starts level with the least served)."""
         floor = self._floor()

@@ -45,7 +45,7 @@ class LaneReader:
         return self._lane_of.get(stream, UNTENANTED)
 
     def weight(self, lane: str) -> float:
-        return self._shares.lanes.get(lane, 1.0)
+        return self._shares.weight(lane)
 
     async def refresh(self, force: bool = False) -> None:
         """The registry read again (at most every `REFRESH_S` unless `force`): new lanes
@@ -73,7 +73,7 @@ class LaneReader:
     ) -> tuple[list[streams.StreamEntry], set[str]]:
         """New entries, and the lanes the read asked; with no lanes, one read of all."""
         everything = dict.fromkeys(self.streams, ">")
-        if len(self._shares.lanes) == 1:
+        if not self._shares.tenanted:
             read = await streams.read_group(
                 self._store, self._consumer, everything, count=room, block_ms=block_ms
             )
@@ -92,7 +92,7 @@ class LaneReader:
 
     def idle_lanes(self) -> set[str]:
         """Lanes a read last found empty (none while there are no tenants' lanes)."""
-        if len(self._shares.lanes) == 1:
+        if not self._shares.tenanted:
             return set()
         return self._shares.idle()
 
