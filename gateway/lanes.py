@@ -14,6 +14,7 @@ from common.keys import Keys
 from common.store import Store
 
 ANNOUNCE_EVERY_S = 5.0
+REGISTRY_TTL_S = 86_400  # renewed by every announcement; workers keep the lanes they know
 
 
 class Lanes:
@@ -26,5 +27,7 @@ class Lanes:
         last = self._announced.get((model, tenant))
         if last is not None and now - last[0] < ANNOUNCE_EVERY_S and last[1] == weight:
             return
-        await self._store.hset(self._keys.lanes(model), tenant, repr(weight))
+        key = self._keys.lanes(model)
+        await self._store.hset(key, tenant, repr(weight))
+        await self._store.expire(key, REGISTRY_TTL_S)  # a model no tenant sends to is forgotten
         self._announced[(model, tenant)] = (now, weight)

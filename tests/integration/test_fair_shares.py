@@ -108,6 +108,7 @@ def test_a_light_tenant_behind_a_heavy_backlog_is_served_by_its_share(served) ->
     assert statistics.median(light) < statistics.median(heavy), (light, heavy)
     store = redis.Redis.from_url(redis_url)
     assert store.hgetall(f"{PREFIX}:{{noop}}:lanes") == {b"heavy": b"1.0", b"light": b"1.0"}
+    assert 0 < store.ttl(f"{PREFIX}:{{noop}}:lanes") <= 86_400  # not held forever
     assert store.exists(f"{PREFIX}:{{noop}}:req:128:t:light")
 
 

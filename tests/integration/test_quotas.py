@@ -25,6 +25,7 @@ TENANTS = {
         "paced": {"api_keys": ["sk-paced"], "requests_per_minute": 30},  # one each 2 s
         "metered": {"api_keys": ["sk-metered"], "tokens_per_minute": 600},  # one each 100 ms
         "free": {"api_keys": ["sk-free"]},
+        "leased": {"api_keys": ["sk-leased"], "tokens_per_minute": 6000},  # a lease of 75
     }
 }
 TOKEN_US = 100_000  # a token's interval at 600 a minute
@@ -191,3 +192,19 @@ def test_a_quota_redis_cannot_check_fails_open_or_closed_as_set(fleet, mode: str
         assert f'microbatch_quota_checks_total{{outcome="{outcome}"}}' in metrics
     finally:
         deployment.stop_gateway(url)
+
+
+def test_a_large_quota_is_spent_from_a_lease_without_asking_redis_each_time(fleet) -> None:
+    (a, _), *_ = fleet
+
+    def leased() -> float:
+        metrics = httpx.get(f"{a}/metrics").text
+        line = 'microbatch_quota_checks_total{outcome="admitted_leased"} '
+        found = [x for x in metrics.splitlines() if x.startswith(line)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    before = leased()
+    answers = [_embed(a, "sk-leased") for _ in range(3)]  # a few tokens each, well under 75
+    assert all(r.status_code == 200 for r in answers)
+    assert all(r.headers["x-ratelimit-limit-tokens"] == "6000" for r in answers)
+    assert leased() - before >= 2  # the first took the lease from Redis, the rest spent it
