@@ -104,7 +104,9 @@ def test_a_light_tenant_behind_a_heavy_backlog_is_served_by_its_share(served) ->
     heavy, light = asyncio.run(run())
     # 160 single-row requests at 4 rows per 40 ms batch: the backlog takes ~1.6 s; in arrival
     # order the light tenant would wait for most of it, by its share it takes every other read
-    assert statistics.median(light) < 0.4 * max(heavy), (light, max(heavy))
+    # (in arrival order, measured: 0.8 of the heavy maximum; by share 0.2-0.41, the top on a
+    # loaded CI host where the gateway, the worker and this client share one event loop)
+    assert statistics.median(light) < 0.6 * max(heavy), (light, max(heavy))
     assert statistics.median(light) < statistics.median(heavy), (light, heavy)
     store = redis.Redis.from_url(redis_url)
     assert store.hgetall(f"{PREFIX}:{{noop}}:lanes") == {b"heavy": b"1.0", b"light": b"1.0"}
