@@ -97,9 +97,9 @@ def test_a_requests_quota_is_one_limit_across_gateways_and_the_client_retry_wait
     assert "x-ratelimit-limit-tokens" not in refused.headers  # no tokens quota, no headers
     assert _embed(b, "sk-free").status_code == 200  # another tenant is untouched
     # the openai client retries a 429 after the retry-after-ms it was given, as on OpenAI
-    client = openai.OpenAI(base_url=f"{b}/v1", api_key="sk-paced", max_retries=3)
-    started = time.monotonic()
-    answer = client.embeddings.with_raw_response.create(model="noop", input="b")
+    with openai.OpenAI(base_url=f"{b}/v1", api_key="sk-paced", max_retries=3) as client:
+        started = time.monotonic()
+        answer = client.embeddings.with_raw_response.create(model="noop", input="b")
     assert answer.http_response.status_code == 200
     assert answer.retries_taken >= 1 and time.monotonic() - started > 0.1
 
@@ -108,36 +108,37 @@ def test_a_generation_is_charged_its_max_tokens_and_settled_with_what_it_used(fl
     (a, b), *_ = fleet
     prompt = "the quota"
     free = openai.OpenAI(base_url=f"{a}/v1", api_key="sk-free", max_retries=0)
-    greedy = free.completions.create(model="lm", prompt=prompt, max_tokens=4, temperature=0)
-    text = greedy.choices[0].text
-    assert text.strip(), "the tiny model's greedy text is needed to stop it early"
-    stop = text.strip()[0]
-    store = redis.Redis.from_url(fleet[2]["redis_url"])
-    key = f"{PREFIX}:{{tenant:metered}}:quota:tokens"
     metered = openai.OpenAI(base_url=f"{b}/v1", api_key="sk-metered", max_retries=0)
-    # the tenant's lane found by the worker first (within a second), and its pace rested
-    wait_until(
-        lambda: metered.completions.create(model="lm", prompt=prompt, max_tokens=1).usage,
-        30,
-        "a first metered answer",
-    )
-    wait_until(lambda: float(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
-    before = _redis_us(store)
-    answer = metered.completions.with_raw_response.create(
-        model="lm", prompt=prompt, max_tokens=40, temperature=0, stop=[stop]
-    )
-    after = _redis_us(store)
-    usage = answer.parse().usage
-    assert usage is not None and usage.completion_tokens < 40  # stopped early
-    charged = usage.prompt_tokens + 40
-    assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 600 - charged
-    # settled: the pace holds only what was used, charged at some moment within the call
-    wait_until(
-        lambda: float(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
-        10,
-        "the unused tokens handed back",
-        until=lambda charged_at: before <= charged_at <= after,
-    )
+    with free, metered:
+        greedy = free.completions.create(model="lm", prompt=prompt, max_tokens=4, temperature=0)
+        text = greedy.choices[0].text
+        assert text.strip(), "the tiny model's greedy text is needed to stop it early"
+        stop = text.strip()[0]
+        store = redis.Redis.from_url(fleet[2]["redis_url"])
+        key = f"{PREFIX}:{{tenant:metered}}:quota:tokens"
+        # the tenant's lane found by the worker first (within a second), and its pace rested
+        wait_until(
+            lambda: metered.completions.create(model="lm", prompt=prompt, max_tokens=1).usage,
+            30,
+            "a first metered answer",
+        )
+        wait_until(lambda: float(store.get(key) or 0) <= _redis_us(store), 10, "the pace rested")
+        before = _redis_us(store)
+        answer = metered.completions.with_raw_response.create(
+            model="lm", prompt=prompt, max_tokens=40, temperature=0, stop=[stop]
+        )
+        after = _redis_us(store)
+        usage = answer.parse().usage
+        assert usage is not None and usage.completion_tokens < 40  # stopped early
+        charged = usage.prompt_tokens + 40
+        assert int(answer.headers["x-ratelimit-remaining-tokens"]) == 600 - charged
+        # settled: the pace holds only what was used, charged at some moment within the call
+        wait_until(
+            lambda: float(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
+            10,
+            "the unused tokens handed back",
+            until=lambda charged_at: before <= charged_at <= after,
+        )
     # 40-odd tokens is more than the burst (30): it goes only on a rested pace, so not now
     again = httpx.post(
         f"{a}/v1/completions",
@@ -203,6 +204,10 @@ def test_a_large_quota_is_spent_from_a_lease_without_asking_redis_each_time(flee
         found = [x for x in metrics.splitlines() if x.startswith(line)]
         return float(found[0].split()[-1]) if found else 0.0
 
+    # the tenant's lane found by the worker first (within a second): a lease lives 1 s
+    wait_until(
+        lambda: _embed(a, "sk-leased").status_code, 30, "a first answer", until=lambda s: s == 200
+    )
     before = leased()
     answers = [_embed(a, "sk-leased") for _ in range(3)]  # a few tokens each, well under 75
     assert all(r.status_code == 200 for r in answers)

@@ -36,12 +36,13 @@ def test_another_key_reads_nothing(module_redis: RedisServer, long_tiny: Path) -
         )
         alpha = openai.OpenAI(base_url=f"{url}/v1", api_key="alpha", max_retries=0)
         beta = openai.OpenAI(base_url=f"{url}/v1", api_key="beta", max_retries=0)
-        made = alpha.responses.create(model="tiny", input="secret", max_output_tokens=4)
-        assert alpha.responses.retrieve(made.id).id == made.id
-        with pytest.raises(openai.NotFoundError):
-            beta.responses.retrieve(made.id)
-        with pytest.raises(openai.NotFoundError):
-            beta.responses.create(model="tiny", input="x", previous_response_id=made.id)
+        with alpha, beta:
+            made = alpha.responses.create(model="tiny", input="secret", max_output_tokens=4)
+            assert alpha.responses.retrieve(made.id).id == made.id
+            with pytest.raises(openai.NotFoundError):
+                beta.responses.retrieve(made.id)
+            with pytest.raises(openai.NotFoundError):
+                beta.responses.create(model="tiny", input="x", previous_response_id=made.id)
     finally:
         deployment.close()
 
