@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from tests.conftest import Processes, free_port, wait_ready, wait_until
+from tests.conftest import Proc, Processes, free_port, wait_ready, wait_until
 from tests.integration.test_generation_faults import PATIENT, QUICK, wait_running
 from worker.generate.tiny_model import TinyShape, write_tiny_model
 
@@ -31,19 +32,31 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("slow") / "slow-llama", shape)
 
 
-def _client(gateway) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0, timeout=120
-    )
+@pytest.fixture
+def client() -> Iterator[Callable[[Proc], openai.OpenAI]]:
+    """One `openai` client per gateway, closed when the test ends: a client left to the
+    garbage collector leaves its pooled socket open."""
+    made: dict[str, openai.OpenAI] = {}
+
+    def get(gateway: Proc) -> openai.OpenAI:
+        if gateway.base_url not in made:
+            made[gateway.base_url] = openai.OpenAI(
+                base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0, timeout=120
+            )
+        return made[gateway.base_url]
+
+    yield get
+    for each in made.values():
+        each.close()
 
 
-def _greedy(client: openai.OpenAI, model: str) -> str:
+def _greedy(api: openai.OpenAI, model: str) -> str:
     """The same turn in the foreground, nothing killed: the text a resumed run must equal."""
-    return client.responses.create(model=model, **ASK).output_text
+    return api.responses.create(model=model, **ASK).output_text
 
 
 def test_a_background_stream_survives_its_worker_and_resumes_elsewhere_token_exact(
-    redis_url: str, processes: Processes, slow_model: Path
+    redis_url: str, processes: Processes, slow_model: Path, client
 ) -> None:
     common = {"redis_url": redis_url, "model": slow_model, **QUICK}
     port = free_port()
@@ -53,7 +66,7 @@ def test_a_background_stream_survives_its_worker_and_resumes_elsewhere_token_exa
     wait_ready(first)
     wait_ready(second)
     model = str(slow_model)
-    stream = _client(first).responses.create(model=model, background=True, stream=True, **ASK)
+    stream = client(first).responses.create(model=model, background=True, stream=True, **ASK)
     seen = []
     for event in stream:
         seen.append(event)
@@ -65,7 +78,7 @@ def test_a_background_stream_survives_its_worker_and_resumes_elsewhere_token_exa
     assert not any(e.type.startswith("response.completed") for e in seen)
     processes.start("worker", **common)
     resumed = list(
-        _client(second).responses.retrieve(
+        client(second).responses.retrieve(
             seen[0].response.id, stream=True, starting_after=seen[-1].sequence_number
         )
     )
@@ -74,13 +87,13 @@ def test_a_background_stream_survives_its_worker_and_resumes_elsewhere_token_exa
     assert whole[-1].type in ("response.completed", "response.incomplete"), whole[-1]
     text = "".join(e.delta for e in whole if e.type == "response.output_text.delta")
     assert text == whole[-1].response.output_text
-    assert text == _greedy(_client(second), model)
-    stored = _client(first).responses.retrieve(seen[0].response.id)
+    assert text == _greedy(client(second), model)
+    stored = client(first).responses.retrieve(seen[0].response.id)
     assert stored.output_text == text and stored.usage.output_tokens == LONG
 
 
 def test_a_background_run_outlives_the_gateway_that_queued_it(
-    redis_url: str, processes: Processes, slow_model: Path
+    redis_url: str, processes: Processes, slow_model: Path, client
 ) -> None:
     common = {"redis_url": redis_url, "model": slow_model, **QUICK}
     processes.start("worker", **common)
@@ -89,20 +102,20 @@ def test_a_background_run_outlives_the_gateway_that_queued_it(
     wait_ready(doomed)
     wait_ready(other)
     model = str(slow_model)
-    made = _client(doomed).responses.create(model=model, background=True, **ASK)
+    made = client(doomed).responses.create(model=model, background=True, **ASK)
     doomed.signal(signal.SIGKILL)
     done = wait_until(
-        lambda: _client(other).responses.retrieve(made.id),
+        lambda: client(other).responses.retrieve(made.id),
         120,
         "the background response finished",
         until=lambda r: r.status in ("completed", "incomplete", "failed"),
     )
     assert done.status in ("completed", "incomplete"), done.error
-    assert done.output_text == _greedy(_client(other), model)
+    assert done.output_text == _greedy(client(other), model)
 
 
 def test_a_foreground_stream_continues_past_its_workers_death(
-    redis_url: str, processes: Processes, slow_model: Path
+    redis_url: str, processes: Processes, slow_model: Path, client
 ) -> None:
     common = {"redis_url": redis_url, "model": slow_model, **QUICK}
     port = free_port()
@@ -114,7 +127,7 @@ def test_a_foreground_stream_continues_past_its_workers_death(
     deltas = threading.Event()
 
     def read() -> None:
-        for event in _client(gateway).responses.create(model=model, stream=True, **ASK):
+        for event in client(gateway).responses.create(model=model, stream=True, **ASK):
             events.append(event)
             if sum(e.type == "response.output_text.delta" for e in events) >= 5:
                 deltas.set()
@@ -129,4 +142,4 @@ def test_a_foreground_stream_continues_past_its_workers_death(
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert text == _greedy(_client(gateway), model)
+    assert text == _greedy(client(gateway), model)
