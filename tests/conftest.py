@@ -39,6 +39,7 @@ import pytest
 import redis
 
 from common.streams import GROUP, Keys
+from tests import forked
 
 # The suite runs two pytest processes (-n 2) on two cores, each starting workers and
 # gateways: a torch that spins an OpenMP team of one thread per core in every one of them
@@ -249,7 +250,7 @@ def process_env(**settings: object) -> dict[str, str]:
 @dataclass
 class Proc:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | forked.Forked
     log: Path
     port: int | None = None
 
@@ -270,9 +271,12 @@ class Proc:
 
 @dataclass
 class Processes:
-    """Starts `microbatch` roles as real subprocesses and stops them all at teardown."""
+    """Starts `microbatch` roles as real processes and stops them all at teardown: forked
+    from a server that imported torch once (`tests/forked.py`), or `cold`, each a new
+    interpreter."""
 
     tmp: Path
+    cold: bool = False
     started: list[Proc] = field(default_factory=list)
 
     def start(
@@ -292,14 +296,19 @@ class Processes:
         if role in ("serve", "gateway"):
             port = int(settings.setdefault("port", free_port()))
         log = self.tmp / f"{role}-{len(self.started)}.log"
-        with log.open("wb") as handle:  # the child keeps its own descriptor
-            popen = subprocess.Popen(
-                [sys.executable, "-m", module, *args],
-                cwd=ROOT,
-                env=process_env(**settings) | (env or {}),
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-            )
+        environment = process_env(**settings) | (env or {})
+        popen: subprocess.Popen | forked.Forked
+        if not self.cold:
+            popen = forked.start(module, list(args), environment, ROOT, log)
+        else:
+            with log.open("wb") as handle:  # the child keeps its own descriptor
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", module, *args],
+                    cwd=ROOT,
+                    env=environment,
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                )
         proc = Proc(role, popen, log, port)
         self.started.append(proc)
         return proc
@@ -318,6 +327,15 @@ class Processes:
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+def cold_processes(tmp_path: Path) -> Iterator[Processes]:
+    """Each process a new interpreter, as a deployment starts it: for what a fork of a
+    preloaded server could hide (the CLI's own imports, how it spawns its children)."""
+    procs = Processes(tmp_path, cold=True)
     yield procs
     procs.stop_all()
 

@@ -16,11 +16,19 @@ import uuid
 from pathlib import Path
 
 import httpx
+import pytest
 import redis
 
 from tests.conftest import Proc, Processes, wait_ready, wait_until, wait_workers
 
 NOOP_DIM = 384
+
+
+@pytest.fixture
+def processes(cold_processes: Processes) -> Processes:
+    """Started as a deployment starts them: this module is about how the CLI spawns and
+    supervises its own processes, which a fork of the suite's preloaded server could hide."""
+    return cold_processes
 
 
 def _children(pid: int) -> set[int]:
