@@ -332,6 +332,14 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 
 
 @pytest.fixture
+def closing() -> Iterator[contextlib.ExitStack]:
+    """Closes at teardown what a test opened with `closing.enter_context(...)`: a client
+    left to the garbage collector leaves its pooled socket open (`no_leaked_sockets`)."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
 def cold_processes(tmp_path: Path) -> Iterator[Processes]:
     """Each process a new interpreter, as a deployment starts it: for what a fork of a
     preloaded server could hide (the CLI's own imports, how it spawns its children)."""

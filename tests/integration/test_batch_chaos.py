@@ -25,7 +25,7 @@ PREFIX = "mbchaos"
 # thousands of lines on real models through two kills and a restart: longer than one scenario
 @pytest.mark.timeout(240)
 def test_a_batch_survives_a_killed_worker_and_a_killed_gateway(
-    processes: Processes, redis_server: RedisServer, tiny_model: Path
+    processes: Processes, redis_server: RedisServer, tiny_model: Path, closing
 ) -> None:
     common = {"redis_url": redis_server.url, "prefix": PREFIX, "claim_idle_ms": 2000}
     gateway_settings = {**common, "batch_lease_ms": 2000}
@@ -35,7 +35,9 @@ def test_a_batch_survives_a_killed_worker_and_a_killed_gateway(
     gateway = processes.start("gateway", **gateway_settings)
     wait_ready(gateway, models=2)
     wait_workers(gateway, "all-MiniLM-L6-v2", 2)
-    client = OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+    client = closing.enter_context(
+        OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+    )
 
     texts = [f"line {i}: " + "some words " * (i % 30) for i in range(LINES)]
     embed_lines = [
@@ -79,7 +81,9 @@ def test_a_batch_survives_a_killed_worker_and_a_killed_gateway(
     gateway.wait(10)
     gateway = processes.start("gateway", **gateway_settings)
     wait_ready(gateway, models=2)
-    client = OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+    client = closing.enter_context(
+        OpenAI(base_url=f"{gateway.base_url}/v1", api_key="none", max_retries=0)
+    )
     for batch_id, total in ((embed_batch, LINES), (chat_batch, CHATS)):
         batch = wait_until(
             lambda b=batch_id: client.batches.retrieve(b),

@@ -37,9 +37,9 @@ def gateway(redis_server: RedisServer) -> Iterator[str]:
 
 
 def test_a_batch_never_fills_the_queue_past_its_depth(
-    gateway: str, redis_server: RedisServer
+    gateway: str, redis_server: RedisServer, closing
 ) -> None:
-    client = OpenAI(base_url=f"{gateway}/v1", api_key="none", max_retries=0)
+    client = closing.enter_context(OpenAI(base_url=f"{gateway}/v1", api_key="none", max_retries=0))
     wait_until(lambda: len(client.models.list().data), 60, "the noop worker live")
     lines = [
         {"custom_id": f"g{i}", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}

@@ -42,23 +42,26 @@ def fleet(redis_server: RedisServer, tiny_model: Path) -> Iterator[tuple[InProce
     gateway = {**common, "api_keys": [KEY, OTHER_KEY], "batch_lease_ms": 1500}
     try:
         urls = [deployment.start_gateway(gateway_settings(gateway)) for _ in range(2)]
-        client = OpenAI(base_url=f"{urls[0]}/v1", api_key=KEY)
-        # one load at a time: transformers' loading is not safe on two threads at once
-        for n, settings in enumerate(
-            (
-                Settings(**common, max_wait_ms=0, worker_id="embedder"),
-                Settings(
-                    **common, model=str(tiny_model), served_model_name=["tiny"], worker_id="llama"
+        with OpenAI(base_url=f"{urls[0]}/v1", api_key=KEY) as client:
+            # one load at a time: transformers' loading is not safe on two threads at once
+            for n, settings in enumerate(
+                (
+                    Settings(**common, max_wait_ms=0, worker_id="embedder"),
+                    Settings(
+                        **common,
+                        model=str(tiny_model),
+                        served_model_name=["tiny"],
+                        worker_id="llama",
+                    ),
                 ),
-            ),
-            start=1,
-        ):
-            deployment.start_worker(settings)
-            wait_until(
-                lambda n=n: deployment.failures or len(client.models.list().data) == n,
-                120,
-                f"{n} models served",
-            )
+                start=1,
+            ):
+                deployment.start_worker(settings)
+                wait_until(
+                    lambda n=n: deployment.failures or len(client.models.list().data) == n,
+                    120,
+                    f"{n} models served",
+                )
         assert not deployment.failures
         yield deployment, urls[0], {"urls": urls, **gateway}
     finally:
@@ -72,8 +75,21 @@ def gateway_settings(config: dict) -> Settings:
     return Settings(**config, port=port, gateway_id=f"gateway-{port}")
 
 
+_made: list[OpenAI] = []
+
+
 def client_of(url: str, key: str = KEY) -> OpenAI:
-    return OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    """A client the test's teardown closes (`closed_clients`)."""
+    client = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    _made.append(client)
+    return client
+
+
+@pytest.fixture(autouse=True)
+def closed_clients() -> Iterator[None]:
+    yield
+    while _made:
+        _made.pop().close()
 
 
 def embedding_lines(n: int, tag: str = "line") -> list[dict]:

@@ -178,10 +178,10 @@ def test_answers_carry_the_request_id_and_tuning_headers(cluster: Processes) -> 
     assert float(r.headers["x-microbatch-compute-ms"]) > 0
 
 
-def test_the_official_openai_client_works_against_the_gateway(cluster: Processes) -> None:
+def test_the_official_openai_client_works_against_the_gateway(cluster: Processes, closing) -> None:
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{gateway_url(cluster)}/v1", api_key="unused")
+    client = closing.enter_context(OpenAI(base_url=f"{gateway_url(cluster)}/v1", api_key="unused"))
     result = client.embeddings.create(model="all-MiniLM-L6-v2", input=["one", "two"])
     assert [d.index for d in result.data] == [0, 1]
     assert len(result.data[0].embedding) == 384

@@ -249,11 +249,11 @@ def test_impossible_scoring_options_get_a_clear_4xx(server, route, body, says) -
     assert says in error["message"] or says in (error.get("param") or ""), error
 
 
-def test_openais_client_reads_logprobs_echo_and_choices(server) -> None:
+def test_openais_client_reads_logprobs_echo_and_choices(server, closing) -> None:
     from openai import OpenAI
 
     base, _ = server
-    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    client = closing.enter_context(OpenAI(base_url=f"{base}/v1", api_key="unused"))
     model = client.models.list().data[0].id
     scored = client.completions.create(
         model=model, prompt=[PROMPT], max_tokens=1, echo=True, logprobs=1, temperature=0

@@ -241,11 +241,11 @@ def test_huggingface_inference_client_on_the_tei_routes(base: str, bases, models
     assert abs(top.score - float(want_c[0].max())) < 1e-5
 
 
-def test_openai_embeddings_with_matryoshka_dimensions(base: str, models) -> None:
+def test_openai_embeddings_with_matryoshka_dimensions(base: str, models, closing) -> None:
     from openai import OpenAI
     from sentence_transformers import SentenceTransformer
 
-    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    client = closing.enter_context(OpenAI(base_url=f"{base}/v1", api_key="unused"))
     answer = client.embeddings.create(model="embedder", input=["a short text"], dimensions=128)
     reference = SentenceTransformer(str(models["embedder"]), device="cpu", truncate_dim=128)
     want = reference.encode(["a short text"], prompt_name="passage", normalize_embeddings=True)

@@ -355,7 +355,7 @@ def test_a_background_run_nobody_reads_is_finished_by_the_gateways(
 
 
 def test_a_background_run_is_bounded_by_the_chunks_its_stream_keeps(
-    gateways, module_redis: RedisServer
+    gateways, module_redis: RedisServer, closing
 ) -> None:
     """A background run's stream keeps every chunk until it ends (`reply_maxlen`): with no
     `max_output_tokens` its output stops there instead of running to the context; asked for
@@ -367,7 +367,9 @@ def test_a_background_run_is_bounded_by_the_chunks_its_stream_keeps(
         url = deployment.start_gateway(
             Settings(**common, port=port, gateway_id=f"b-{port}", reply_maxlen=24)
         )
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        client = closing.enter_context(
+            openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        )
         made = client.responses.create(model="tiny", input="Go on", background=True)
         done = wait_until(
             lambda: client.responses.retrieve(made.id),

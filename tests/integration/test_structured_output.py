@@ -156,7 +156,7 @@ def test_formats_that_cannot_be_enforced_get_a_clear_4xx(
     assert says in error["message"] or says == error.get("param"), error
 
 
-def test_openais_client_parses_a_pydantic_model_out_of_the_answer(base: str) -> None:
+def test_openais_client_parses_a_pydantic_model_out_of_the_answer(base: str, closing) -> None:
     from typing import Annotated, Literal
 
     from openai import OpenAI
@@ -167,7 +167,7 @@ def test_openais_client_parses_a_pydantic_model_out_of_the_answer(base: str) -> 
         age: Annotated[int, Field(ge=0, le=150)]
         role: Literal["admin", "user", "guest"]
 
-    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    client = closing.enter_context(OpenAI(base_url=f"{base}/v1", api_key="unused"))
     model = client.models.list().data[0].id
     completion = client.chat.completions.parse(
         model=model, messages=MESSAGES, response_format=Person, max_tokens=300, seed=5
