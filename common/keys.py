@@ -132,6 +132,11 @@ class Keys:
         so one script checks both."""
         return f"{self.prefix}:{{tenant:{tenant}}}:quota:{what}"
 
+    def backlog(self, tenant: str, model: str) -> str:
+        """The requests a tenant has queued for a model, by deadline (a zset; `:tokens`
+        beside it holds each one's tokens): its `max_queued_tokens`, in its hash slot."""
+        return f"{self.prefix}:{{tenant:{tenant}}}:backlog:{model}"
+
     def lane(self, model: str, bucket: int, tenant: str) -> str:
         """A tenant's own request stream for one bucket: workers read a model's lanes by the
         tenants' fair shares, not in the order requests came."""

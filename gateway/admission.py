@@ -142,3 +142,16 @@ def _feasible(depth: int, n_inputs: int, rate_per_s: float, timeout_ms: int) -> 
     )
     retry_after_s = min(MAX_RETRY_AFTER_S, max(1.0, excess_s))
     return Rejected("deadline_infeasible", message, retry_after_s, code="deadline_infeasible")
+
+
+def tenant_backlog(tenant: str, queued: int, tokens: int, cap: int) -> Rejected | None:
+    """A tenant's own cap on a model's backlog (`max_queued_tokens` in the tenants file):
+    the tokens (prompts + max_tokens) it has `queued` there, plus this request's. One tenant
+    cannot hold the whole queue; the model's own `max_queued_tokens` bounds everyone's."""
+    if queued + tokens <= cap:
+        return None
+    message = (
+        f"tenant {tenant!r} has {queued} tokens (prompts + max_tokens) queued for this "
+        f"model; adding {tokens} would exceed its max_queued_tokens {cap}"
+    )
+    return Rejected("tenant_queue_full", message, 1.0, code="tenant_queue_full")

@@ -22,6 +22,7 @@ from common.tasks import OnDeath
 from gateway.admission import PerModelMean
 from gateway.affinity import AffinityRouter, names_of
 from gateway.auth import RateLimiter
+from gateway.backlog_store import Backlogs
 from gateway.batch_records import BatchRecords
 from gateway.catalog import Catalog
 from gateway.enqueue import Enqueuer
@@ -72,7 +73,7 @@ class Services:
         # the CLI refused a bad file before anything started; here it is read for use
         self.tenants = tenants.load(settings.tenants) if settings.tenants else tenants.NO_TENANTS
         self.quotas = Quotas(store, self.keys, settings.quota_on_redis_error)
-        self.lanes = Lanes(store, self.keys)
+        self.lanes, self.backlogs = Lanes(store, self.keys), Backlogs(store, self.keys)
         self.responses = ResponseStore(store, self.keys)
         self.finisher = Finisher(
             self.responses,

@@ -17,13 +17,16 @@ from common.clock import wall_ms
 from common.errors import (
     ClientGone,
     DeadlineExceeded,
+    InvalidRequest,
     MicrobatchError,
     Overloaded,
+    RateLimited,
     ServiceUnavailable,
     error_from_reply,
 )
 from common.protocol import EmbeddingResult, ErrorReply, GenerationChunk
 from gateway import admission
+from gateway.backlog_store import Reservation
 from gateway.catalog import ModelEntry
 from gateway.quota_store import Charge
 from gateway.replies import Choices, ReplyRouter
@@ -32,6 +35,7 @@ from gateway.services import Services
 from gateway.waiting import await_replies
 
 Answer = EmbeddingResult | GenerationChunk
+BACKLOG_GRACE_MS = 5_000  # a reservation outlives its request's deadline by this, then lapses
 
 
 def admit_or_refuse(
@@ -89,6 +93,34 @@ async def charge_quota(
     if charge is not None and requests:
         call.headers.update(charge.headers)
     return charge
+
+
+async def reserve_backlog(
+    services: Services, call: Call, model: ModelEntry, tokens: int
+) -> Reservation | None:
+    """Hold the request's tokens in its tenant's backlog for the model: 429 when that would
+    pass the tenant's `max_queued_tokens`, 400 when this request alone is more. Nothing (no
+    Redis call) for a tenant without the cap."""
+    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    if tenant is None or call.tenant is None or tenant.max_queued_tokens is None:
+        return None
+    cap = tenant.max_queued_tokens
+    if tokens > cap:
+        message = (
+            f"this request asks for {tokens} tokens (prompts + max_tokens), more than tenant "
+            f"{call.tenant!r} may have queued (max_queued_tokens {cap}): it can never queue"
+        )
+        raise InvalidRequest(message, param="max_tokens", code="request_too_large")
+    deadline_ms = wall_ms() + call.timeout_ms + BACKLOG_GRACE_MS
+    held, queued = await services.backlogs.reserve(
+        call.tenant, model.info.name, call.request_id, deadline_ms, tokens, cap
+    )
+    refused = admission.tenant_backlog(call.tenant, queued, tokens, cap)
+    if held is None and refused is not None:
+        metrics.rejected_total.labels(refused.reason).inc()
+        metrics.tenant_refusals_total.labels(call.tenant, "max_queued_tokens").inc()
+        raise RateLimited(refused.message, retry_after_s=refused.retry_after_s, code=refused.code)
+    return held
 
 
 def tenant_used(call: Call, tokens_in: int, tokens_out: int, queue_ms: float) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 
 from common.protocol import GenerationChunk
+from gateway.backlog_store import Reservation
 from gateway.quota_store import Charge
 from gateway.routes import logprobs
 from gateway.submit import Entries
@@ -128,6 +129,7 @@ class Submitted:
     routed: list[list[bytes]] = field(default_factory=list)  # per entry: its affinity names
     owners: list[str | None] = field(default_factory=list)  # per entry: the worker routed to
     charge: Charge | None = None  # its tenant's quota charge, settled when the answer ends
+    reserved: Reservation | None = None  # its tenant's backlog held, released then too
 
     @property
     def ids(self) -> list[str]:

@@ -44,6 +44,7 @@ from gateway.submit import (
     admit_or_refuse,
     charge_quota,
     lane_of,
+    reserve_backlog,
     submit,
     tenant_used,
 )
@@ -233,6 +234,7 @@ async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[Generat
     finally:
         services.routes_answered(sub.entries.model, sub.owners)
         services.quotas.settle(sub.charge, used)
+        services.backlogs.release(sub.reserved)
     for entry_id, names in zip(sub.ids, sub.routed, strict=True):
         worker = next((c.worker for c in finals if c.id == entry_id), None)
         if worker:
@@ -267,7 +269,12 @@ async def queued(
     # the request's own mistakes are 400s before admission can answer it 503
     checked = {"stop": _stops(req), **sampling_fields(req, model.info.vocab_size)}
     admit_or_refuse(services, model, len(prompts.ids) * req.candidates, call.timeout_ms, tokens)
-    charge = await charge_quota(services, call, tokens)
+    reserved = await reserve_backlog(services, call, model, tokens)
+    try:
+        charge = await charge_quota(services, call, tokens)
+    except BaseException:
+        services.backlogs.release(reserved)
+        raise
     session = call.session or req.user
     lane = await lane_of(services, call, model)
     ask = _Ask(
@@ -276,7 +283,7 @@ async def queued(
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
     shape = _shape(model, req, prompts)
     sub = _entries(services, model, req, pairs, ask, shape, checked, reply_to)
-    sub.charge = charge
+    sub.charge, sub.reserved = charge, reserved
     return sub
 
 

@@ -96,6 +96,7 @@ class _Relay:
             self.services.routes_answered(self.sub.entries.model, self.sub.owners)
             generated = sum(s.completion_tokens for s in self.states.values())
             self.services.quotas.settle(self.sub.charge, sum(self.sub.prompt_tokens) + generated)
+            self.services.backlogs.release(self.sub.reserved)
 
     async def _events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
         entries = self.sub.entries

@@ -26,6 +26,7 @@ TENANTS = {
         "metered": {"api_keys": ["sk-metered"], "tokens_per_minute": 600},  # one each 100 ms
         "free": {"api_keys": ["sk-free"]},
         "leased": {"api_keys": ["sk-leased"], "tokens_per_minute": 6000},  # a lease of 75
+        "capped": {"api_keys": ["sk-capped"], "max_queued_tokens": 300},
     }
 }
 TOKEN_US = 100_000  # a token's interval at 600 a minute
@@ -213,3 +214,37 @@ def test_a_large_quota_is_spent_from_a_lease_without_asking_redis_each_time(flee
     assert all(r.status_code == 200 for r in answers)
     assert all(r.headers["x-ratelimit-limit-tokens"] == "6000" for r in answers)
     assert leased() - before >= 2  # the first took the lease from Redis, the rest spent it
+
+
+def test_a_tenants_backlog_cap_refuses_past_its_queued_tokens(fleet) -> None:
+    """`max_queued_tokens`, one cap across the fleet: with 200 of the tenant's tokens held by
+    a request another gateway admitted (its reservation, written here as that gateway
+    writes it), one that would take it past 300 is a 429 saying so; another tenant is not
+    held back; a request of more than 300 alone is a 400; a reservation past its deadline
+    (a gateway that died holding it) no longer counts; and an answered request hands its
+    own back."""
+    (a, b), _, common, _ = fleet
+    store = redis.Redis.from_url(common["redis_url"])
+    held = f"{PREFIX}:{{tenant:capped}}:backlog:lm"
+    ask = {"model": "lm", "prompt": "the backlog", "temperature": 0, "max_tokens": 150}
+    key = {"Authorization": "Bearer sk-capped"}
+    now_ms = int(time.time() * 1000)
+    store.zadd(held, {"elsewhere": now_ms + 60_000})
+    store.hset(f"{held}:tokens", "elsewhere", 200)
+    refused = httpx.post(f"{a}/v1/completions", json=ask, headers=key)
+    assert refused.status_code == 429, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "tenant_queue_full", error
+    assert "has 200 tokens" in error["message"] and "max_queued_tokens 300" in error["message"]
+    assert "Retry-After" in refused.headers
+    other = httpx.post(f"{b}/v1/completions", json=ask, headers={"Authorization": "Bearer sk-free"})
+    assert other.status_code == 200, other.text  # another tenant's backlog is its own
+    alone = httpx.post(f"{b}/v1/completions", json={**ask, "max_tokens": 400}, headers=key)
+    assert alone.status_code == 400 and alone.json()["error"]["code"] == "request_too_large"
+    store.zadd(held, {"elsewhere": now_ms - 1})  # its deadline passed: its gateway died
+    served = httpx.post(f"{b}/v1/completions", json=ask, headers=key)
+    assert served.status_code == 200, served.text
+    wait_until(
+        lambda: store.hgetall(f"{held}:tokens"), 10, "every reservation handed back",
+        until=lambda left: left == {},
+    )  # fmt: skip

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import admission
 from gateway.admission import Admitted, QueueState, Rejected, admit
 from gateway.catalog import DeliveryRate
 
@@ -257,3 +258,10 @@ def test_a_model_waiting_for_its_first_worker_still_bounds_its_queue() -> None:
     full = QueueState(depth=100, live_workers=0, cold_start_ms=1000)
     decision = admit(full, 1, 100, timeout_ms=60_000)
     assert isinstance(decision, Rejected) and decision.reason == "queue_full"
+
+
+def test_a_tenants_backlog_cap_admits_up_to_it_and_names_what_it_holds() -> None:
+    assert admission.tenant_backlog("acme", queued=200, tokens=100, cap=300) is None
+    refused = admission.tenant_backlog("acme", queued=200, tokens=101, cap=300)
+    assert refused is not None and refused.code == "tenant_queue_full"
+    assert "'acme' has 200 tokens" in refused.message and "max_queued_tokens 300" in refused.message
