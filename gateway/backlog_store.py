@@ -24,6 +24,8 @@ log = logging.getLogger("microbatch.gateway")
 
 # KEYS: deadlines (zset: id -> deadline ms), tokens (hash: id -> tokens). ARGV: now ms, id,
 # deadline ms, tokens, cap. Reply: admitted (1/0), the tenant's tokens queued before it.
+# Only commands the least-privilege Redis user may run (docs/operations.md), as a script's
+# calls are checked against the caller's rights: HGETALL and EXPIRE, not HVALS or PEXPIREAT.
 _RESERVE = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if #expired > 0 then
@@ -31,13 +33,15 @@ if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 end
 local total = 0
-for _, v in ipairs(redis.call('HVALS', KEYS[2])) do total = total + tonumber(v) end
+local held = redis.call('HGETALL', KEYS[2])
+for i = 2, #held, 2 do total = total + tonumber(held[i]) end
 if total + tonumber(ARGV[4]) > tonumber(ARGV[5]) then return {0, total} end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[4])
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2]
-redis.call('PEXPIREAT', KEYS[1], last)
-redis.call('PEXPIREAT', KEYS[2], last)
+local last = tonumber(redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')[2])
+local ttl = math.ceil((last - tonumber(ARGV[1])) / 1000) + 1
+redis.call('EXPIRE', KEYS[1], ttl)
+redis.call('EXPIRE', KEYS[2], ttl)
 return {1, total}
 """
 
