@@ -142,6 +142,7 @@ def test_a_new_gateway_beside_an_old_worker(redis_url: str, processes: Processes
         worker.stop.set()
         worker.thread.join(10)
         client.close()
+        processes.stop_all()  # before its collector goes: it would retry the export for seconds
         receiver.close()
 
 

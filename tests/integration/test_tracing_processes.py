@@ -22,6 +22,8 @@ QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    """Asked for before `processes`, so it closes after they stop: a process whose collector
+    is gone retries its last export for seconds before it exits."""
     received = Receiver()
     yield received
     received.close()
@@ -33,7 +35,7 @@ def otel(receiver: Receiver) -> dict[str, str]:
 
 
 def test_a_request_whose_worker_is_killed_is_one_trace_over_three_processes(
-    redis_url: str, processes: Processes, receiver: Receiver
+    redis_url: str, receiver: Receiver, processes: Processes
 ) -> None:
     common = {"redis_url": redis_url, "model": "noop", **QUICK}
     env = otel(receiver)
@@ -89,7 +91,7 @@ def test_a_request_whose_worker_is_killed_is_one_trace_over_three_processes(
 
 
 def test_serve_traces_as_two_services_and_not_at_all_without_an_endpoint(
-    processes: Processes, receiver: Receiver
+    receiver: Receiver, processes: Processes
 ) -> None:
     traced = processes.start("serve", model="noop", env=otel(receiver))
     untraced = processes.start("serve", model="noop")
