@@ -9,6 +9,7 @@ deadline; a message neither side can read is answered 503 `version_mismatch` at 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -83,6 +84,10 @@ class OldWorker:
 
     def _run(self) -> None:
         client = self.client
+        # its own consumer group, as every release's worker makes at start: the new worker
+        # stopped above may have registered and been stopped before it made one
+        with contextlib.suppress(redis.ResponseError):  # BUSYGROUP: it is there already
+            client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
         while not self.stop.is_set():
             client.hset(MODELS, "noop", self.info)
             client.zadd(f"{KEYS_PREFIX}:{{noop}}:workers", {"old-worker": int(time.time() * 1000)})
