@@ -53,6 +53,16 @@ class Reservation:
     keys: tuple[str, str]
     request_id: str
 
+    def fields(self) -> list[str]:
+        """What a stored background response keeps, so any gateway that finishes it can
+        release it (`of_fields`)."""
+        return [*self.keys, self.request_id]
+
+    @classmethod
+    def of_fields(cls, fields: list[str]) -> Reservation:
+        deadlines, tokens, request_id = fields
+        return cls((deadlines, tokens), request_id)
+
 
 class Backlogs:
     def __init__(self, store: Store, keys: Keys) -> None:

@@ -75,12 +75,9 @@ class Services:
         self.quotas = Quotas(store, self.keys, settings.quota_on_redis_error)
         self.lanes, self.backlogs = Lanes(store, self.keys), Backlogs(store, self.keys)
         self.responses = ResponseStore(store, self.keys)
-        self.finisher = Finisher(
-            self.responses,
-            self.canceller.cancel,
-            settings.response_ttl_s,
-            settings.response_events_ttl_s,
-        )
+        ttls = settings.response_ttl_s, settings.response_events_ttl_s
+        cancel, release = self.canceller.cancel, self.backlogs.release
+        self.finisher = Finisher(self.responses, cancel, *ttls, release)
         self.batches_changed = asyncio.Event()  # a batch created or cancelled here: look now
         self.stop = asyncio.Event()
         self.batches_stop = asyncio.Event()  # set first on shutdown: hand batches back

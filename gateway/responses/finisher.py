@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -19,6 +20,7 @@ from redis.exceptions import RedisError
 from common.backoff import Backoff
 from common.clock import wall_ms
 from common.streams import id_order
+from gateway.backlog_store import Reservation
 from gateway.responses.events import Events, Identity
 from gateway.responses.store import TERMINAL, ResponseStore, stored_reply
 from gateway.tool_calls import ToolUse
@@ -82,9 +84,14 @@ class Finisher:
     pass costs one read per response and what is new, never a response's whole history."""
 
     def __init__(
-        self, responses: ResponseStore, cancel: Any, ttl_s: int, events_ttl_s: int
+        self,
+        responses: ResponseStore,
+        cancel: Any,
+        ttl_s: int,
+        events_ttl_s: int,
+        release: Callable[[Reservation], None] = lambda _: None,
     ) -> None:
-        self._responses, self._cancel = responses, cancel
+        self._responses, self._cancel, self._release = responses, cancel, release
         self._ttl_s, self._events_ttl_s = ttl_s, events_ttl_s
         self._following: dict[str, tuple[Events, str]] = {}  # id -> (its events, last read)
 
@@ -151,3 +158,6 @@ class Finisher:
             events.fold.worker,
         ):
             log.info("response %s %s", response_id, final["status"])
+            record = await self._responses.get(response_id)  # its tenant's backlog held
+            if record is not None and record.get("reserved"):
+                self._release(Reservation.of_fields(orjson.loads(record["reserved"])))

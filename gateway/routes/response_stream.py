@@ -61,6 +61,7 @@ def live(services: Services, events: Events, sub: Submitted, finished: Finished)
                 yield sse(event)
         finally:
             services.routes_answered(model, sub.owners)
+            services.backlogs.release(sub.reserved)
         if events.final is not None:
             await finished(events)
 

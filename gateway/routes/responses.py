@@ -149,6 +149,8 @@ async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     sub = await queued(parsed, turn.chat, bounded, reply_to=stream, known=turn.known)
     entries = sub.entries
     running = {"status": "queued", "entry": sub.ids[0], "deadline_ms": entries.deadline_ms}
+    if sub.reserved is not None:  # released by whichever gateway finishes the run
+        running["reserved"] = orjson.dumps(sub.reserved.fields()).decode()
     await _store(services, who.response_id, {**turn.record, **running})
     try:
         await enqueue_within(services, entries.items, entries.deadline_ms, entries.timeout_ms)

@@ -248,3 +248,36 @@ def test_a_tenants_backlog_cap_refuses_past_its_queued_tokens(fleet) -> None:
         lambda: store.hgetall(f"{held}:tokens"), 10, "every reservation handed back",
         until=lambda left: left == {},
     )  # fmt: skip
+
+
+def test_a_background_response_hands_its_backlog_back_when_it_finishes(fleet) -> None:
+    """A background run holds its tenant's backlog like any generation; whichever gateway
+    finishes it (here the one polling it) hands it back, not the run's deadline. A streamed
+    turn hands it back when its stream ends."""
+    (a, b), _, common, _ = fleet
+    store = redis.Redis.from_url(common["redis_url"])
+    held = f"{PREFIX}:{{tenant:capped}}:backlog:lm:tokens"
+    with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
+        made = capped.responses.create(
+            model="lm", input="later", background=True, max_output_tokens=8
+        )
+        assert store.hlen(held) == 1  # held from admission
+    with openai.OpenAI(base_url=f"{b}/v1", api_key="sk-capped", max_retries=0) as other:
+        done = wait_until(
+            lambda: other.responses.retrieve(made.id),
+            30,
+            "the background run finished",
+            until=lambda r: r.status in ("completed", "incomplete", "failed"),
+        )
+    assert done.status in ("completed", "incomplete"), done.error
+    wait_until(lambda: store.hlen(held), 10, "its backlog handed back", until=lambda n: n == 0)
+    with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
+        streamed = capped.responses.create(
+            model="lm", input="now", stream=True, max_output_tokens=8
+        )
+        ends = {"response.completed", "response.incomplete"}
+        assert any(event.type in ends for event in streamed)
+    wait_until(
+        lambda: store.hlen(held), 10, "a streamed turn's backlog handed back",
+        until=lambda n: n == 0,
+    )  # fmt: skip
