@@ -20,6 +20,11 @@ OnDeath = Callable[[BaseException | None], None]
 _alive: set[asyncio.Task[Any]] = set()
 
 
+def only_logged(exc: BaseException | None) -> None:
+    """The `on_death` of a task whose owner needs no word of its end: its own errors are
+    handled inside it, and a bug that ends it has been logged here already."""
+
+
 def spawn_supervised(
     name: str, coro: Coroutine[Any, Any, Any], on_death: OnDeath
 ) -> asyncio.Task[Any]:

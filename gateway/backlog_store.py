@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from common.clock import wall_ms
 from common.keys import Keys
 from common.store import Store, pipeline
-from common.tasks import spawn_supervised
+from common.tasks import only_logged, spawn_supervised
 
 log = logging.getLogger("microbatch.gateway")
 
@@ -73,7 +73,8 @@ class Backlogs:
     ) -> tuple[Reservation | None, int]:
         """Hold `tokens` for the request: (its reservation, or None when over the cap; the
         tokens the tenant had queued). Redis not answering admits it unreserved."""
-        keys = (self._keys.backlog(tenant, model), self._keys.backlog(tenant, model) + ":tokens")
+        deadlines = self._keys.backlog(tenant, model)
+        keys = (deadlines, f"{deadlines}:tokens")
         try:
             admitted, queued = await self._store.eval(
                 _RESERVE, 2, *keys, wall_ms(), request_id, deadline_ms, tokens, cap
@@ -86,7 +87,7 @@ class Backlogs:
     def release(self, reservation: Reservation | None) -> None:
         """Hand the tokens back once the answer has ended (in the background)."""
         if reservation is not None and reservation.request_id:
-            spawn_supervised("backlog release", self._release(reservation), _logged)
+            spawn_supervised("backlog release", self._release(reservation), only_logged)
 
     async def _release(self, reservation: Reservation) -> None:
         deadlines, tokens = reservation.keys
@@ -97,7 +98,3 @@ class Backlogs:
             await pipe.execute()
         except RedisError as exc:  # held until its deadline instead: never over-admits
             log.warning("a backlog release was lost (Redis did not answer): %s", exc)
-
-
-def _logged(exc: BaseException | None) -> None:
-    """A release's own errors are caught inside it; anything else was logged by the helper."""

@@ -24,7 +24,7 @@ from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
 from common.store import Store
-from common.tasks import spawn_supervised
+from common.tasks import only_logged, spawn_supervised
 from common.wire_compat import TRACE_CONTEXT
 from gateway.tokenize import ModelTokenizer
 
@@ -142,7 +142,7 @@ class Catalog:
         waits for that one instead of queueing its own (a burst of probes or of requests for
         an unknown model is one refresh, not one each)."""
         if self._inflight is None or self._inflight.done():
-            self._inflight = spawn_supervised("catalog refresh", self._refresh_once(), _logged)
+            self._inflight = spawn_supervised("catalog refresh", self._refresh_once(), only_logged)
         await asyncio.shield(self._inflight)
 
     async def _refresh_once(self) -> None:
@@ -248,7 +248,3 @@ class Catalog:
             await self.refresh()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
-
-
-def _logged(exc: BaseException | None) -> None:
-    """A refresh that failed of a bug has been logged; its awaiters get the exception."""

@@ -21,7 +21,7 @@ from common import metrics
 from common.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from common.keys import Keys
 from common.store import Store
-from common.tasks import spawn_supervised
+from common.tasks import only_logged, spawn_supervised
 from common.tenants import Tenant
 from gateway.quota import MINUTE_US, Allowance, Pace, Verdict, too_large
 
@@ -165,7 +165,7 @@ class Quotas:
         unused = charge.tokens.cost - used_tokens
         if unused > 0:
             key = self._keys.quota(charge.tenant, "tokens")
-            spawn_supervised("quota refund", self._refund(key, unused, charge.tokens), _logged)
+            spawn_supervised("quota refund", self._refund(key, unused, charge.tokens), only_logged)
 
     async def _refund(self, key: str, unused: int, pace: Pace) -> None:
         try:
@@ -183,7 +183,3 @@ class Quotas:
             ) from exc
         metrics.quota_checks_total.labels("unchecked_admitted").inc()
         log.warning("a quota check for tenant %r failed, admitted (fail open): %s", name, exc)
-
-
-def _logged(exc: BaseException | None) -> None:
-    """A refund's own errors are caught inside it; anything else was logged by the helper."""

@@ -115,12 +115,13 @@ async def reserve_backlog(
     held, queued = await services.backlogs.reserve(
         call.tenant, model.info.name, call.request_id, deadline_ms, tokens, cap
     )
+    if held is not None:
+        return held
     refused = admission.tenant_backlog(call.tenant, queued, tokens, cap)
-    if held is None and refused is not None:
-        metrics.rejected_total.labels(refused.reason).inc()
-        metrics.tenant_refusals_total.labels(call.tenant, "max_queued_tokens").inc()
-        raise RateLimited(refused.message, retry_after_s=refused.retry_after_s, code=refused.code)
-    return held
+    assert refused is not None  # the script refused it: over the cap, as this says
+    metrics.rejected_total.labels(refused.reason).inc()
+    metrics.tenant_refusals_total.labels(call.tenant, "max_queued_tokens").inc()
+    raise RateLimited(refused.message, retry_after_s=refused.retry_after_s, code=refused.code)
 
 
 def tenant_used(call: Call, tokens_in: int, tokens_out: int, queue_ms: float) -> None:
