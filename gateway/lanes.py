@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from common.keys import Keys
-from common.store import Store
+from common.store import Store, pipeline
 
 ANNOUNCE_EVERY_S = 5.0
 REGISTRY_TTL_S = 86_400  # renewed by every announcement; workers keep the lanes they know
@@ -28,6 +28,8 @@ class Lanes:
         if last is not None and now - last[0] < ANNOUNCE_EVERY_S and last[1] == weight:
             return
         key = self._keys.lanes(model)
-        await self._store.hset(key, tenant, repr(weight))
-        await self._store.expire(key, REGISTRY_TTL_S)  # a model no tenant sends to is forgotten
+        pipe = pipeline(self._store)  # one round trip
+        pipe.hset(key, tenant, repr(weight))
+        pipe.expire(key, REGISTRY_TTL_S)  # a model no tenant sends to is forgotten
+        await pipe.execute()
         self._announced[(model, tenant)] = (now, weight)
