@@ -37,14 +37,14 @@ ENTRY_ROWS = 4
 
 
 @pytest.fixture(scope="module")
-def bulk(redis_server: RedisServer, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    redis_server.flush()
+def bulk(module_redis: RedisServer, tmp_path_factory) -> Iterator[tuple[str, str]]:
+    module_redis.flush()
     procs = Processes(tmp_path_factory.mktemp("bulk"))
-    common = {"redis_url": redis_server.url, "max_batch_size": 3, "max_entry_rows": ENTRY_ROWS}
+    common = {"redis_url": module_redis.url, "max_batch_size": 3, "max_entry_rows": ENTRY_ROWS}
     procs.start("worker", **common)
     gateway = procs.start("gateway", **common)
     wait_ready(gateway)
-    yield gateway.base_url, redis_server.url
+    yield gateway.base_url, module_redis.url
     procs.stop_all()
 
 

@@ -64,11 +64,11 @@ def text_of(n_tokens: int, rng: random.Random) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(redis_server: RedisServer, tmp_path_factory) -> Iterator[Processes]:
+def cluster(module_redis: RedisServer, tmp_path_factory) -> Iterator[Processes]:
     """One gateway and one worker process with the default model on a real Redis."""
-    redis_server.flush()
+    module_redis.flush()
     procs = Processes(tmp_path_factory.mktemp("cluster"))
-    common = {"redis_url": redis_server.url, "max_wait_ms": 20}
+    common = {"redis_url": module_redis.url, "max_wait_ms": 20}
     procs.start("worker", **common)
     gateway = procs.start("gateway", **common)
     wait_ready(gateway)

@@ -40,13 +40,13 @@ def serve_tiny(processes: Processes, redis_url: str, model: Path, prefix: str):
 
 
 @pytest.fixture(scope="module")
-def served(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
     """Shared by the tests that leave the worker as they found it. Its own key prefix, and a
     worker that re-registers and recreates its groups, keep it serving through the flushes
     other tests make of the shared Redis."""
     processes = Processes(tmp_path_factory.mktemp("generation"))
     try:
-        yield serve_tiny(processes, redis_server.url, tiny_model, "mbgen")
+        yield serve_tiny(processes, module_redis.url, tiny_model, "mbgen")
     finally:
         processes.stop_all()
 

@@ -16,9 +16,9 @@ TEXT = "Micro-batching keeps the hardware busy."
 
 
 @pytest.fixture(scope="module")
-def base(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
+def base(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory, tiny_model: Path):
     processes = Processes(tmp_path_factory.mktemp("tokens"))
-    settings = {"redis_url": redis_server.url, "prefix": "mbtok"}
+    settings = {"redis_url": module_redis.url, "prefix": "mbtok"}
     try:
         processes.start("worker", model="noop", **settings)
         processes.start("worker", model=tiny_model, **settings)
