@@ -46,8 +46,8 @@ def fleet(module_redis: RedisServer, tiny_model: Path, tmp_path_factory: pytest.
             urls.append(deployment.start_gateway(settings))
         deployment.start_worker(Settings(**common, model="noop", worker_id="q-noop"))
         deployment.start_worker(
-            Settings(**common, model=str(tiny_model), served_model_name="lm", worker_id="q-lm")
-        )
+            _lm_worker(common, tiny_model)
+        )  # started last: stop_worker() stops it
         for name in ("noop", "lm"):
             wait_until(
                 lambda name=name: _models(urls[0]),
@@ -58,6 +58,10 @@ def fleet(module_redis: RedisServer, tiny_model: Path, tmp_path_factory: pytest.
         yield urls, deployment, common, path
     finally:
         deployment.close()
+
+
+def _lm_worker(common: dict, model: Path) -> Settings:
+    return Settings(**common, model=str(model), served_model_name="lm", worker_id="q-lm")
 
 
 def _models(url: str) -> list[str]:
@@ -250,18 +254,24 @@ def test_a_tenants_backlog_cap_refuses_past_its_queued_tokens(fleet) -> None:
     )  # fmt: skip
 
 
-def test_a_background_response_hands_its_backlog_back_when_it_finishes(fleet) -> None:
+def test_a_background_response_hands_its_backlog_back_when_it_finishes(
+    fleet, tiny_model: Path
+) -> None:
     """A background run holds its tenant's backlog like any generation; whichever gateway
     finishes it (here the one polling it) hands it back, not the run's deadline. A streamed
     turn hands it back when its stream ends."""
-    (a, b), _, common, _ = fleet
+    (a, b), deployment, common, _ = fleet
     store = redis.Redis.from_url(common["redis_url"])
     held = f"{PREFIX}:{{tenant:capped}}:backlog:lm:tokens"
+    # With no lm worker the run stays queued, so what it holds is seen before it can end
+    # (8 tokens of the tiny model ended before the next line could look, on a loaded host)
+    deployment.stop_worker()
     with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
         made = capped.responses.create(
             model="lm", input="later", background=True, max_output_tokens=8
         )
         assert store.hlen(held) == 1  # held from admission
+    deployment.start_worker(_lm_worker(common, tiny_model))
     with openai.OpenAI(base_url=f"{b}/v1", api_key="sk-capped", max_retries=0) as other:
         done = wait_until(
             lambda: other.responses.retrieve(made.id),
