@@ -6,6 +6,7 @@ set."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -46,8 +47,8 @@ def fleet(module_redis: RedisServer, tiny_model: Path, tmp_path_factory: pytest.
             urls.append(deployment.start_gateway(settings))
         deployment.start_worker(Settings(**common, model="noop", worker_id="q-noop"))
         deployment.start_worker(
-            _lm_worker(common, tiny_model)
-        )  # started last: stop_worker() stops it
+            Settings(**common, model=str(tiny_model), served_model_name="lm", worker_id="q-lm")
+        )
         for name in ("noop", "lm"):
             wait_until(
                 lambda name=name: _models(urls[0]),
@@ -58,10 +59,6 @@ def fleet(module_redis: RedisServer, tiny_model: Path, tmp_path_factory: pytest.
         yield urls, deployment, common, path
     finally:
         deployment.close()
-
-
-def _lm_worker(common: dict, model: Path) -> Settings:
-    return Settings(**common, model=str(model), served_model_name="lm", worker_id="q-lm")
 
 
 def _models(url: str) -> list[str]:
@@ -254,40 +251,46 @@ def test_a_tenants_backlog_cap_refuses_past_its_queued_tokens(fleet) -> None:
     )  # fmt: skip
 
 
-def test_a_background_response_hands_its_backlog_back_when_it_finishes(
-    fleet, tiny_model: Path
-) -> None:
+def test_a_background_response_hands_its_backlog_back_when_it_finishes(fleet) -> None:
     """A background run holds its tenant's backlog like any generation; whichever gateway
     finishes it (here the one polling it) hands it back, not the run's deadline. A streamed
     turn hands it back when its stream ends."""
-    (a, b), deployment, common, _ = fleet
+    (a, b), _, common, _ = fleet
     store = redis.Redis.from_url(common["redis_url"])
     held = f"{PREFIX}:{{tenant:capped}}:backlog:lm:tokens"
-    # With no lm worker the run stays queued, so what it holds is seen before it can end
-    # (8 tokens of the tiny model ended before the next line could look, on a loaded host)
-    deployment.stop_worker()
-    with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
-        made = capped.responses.create(
-            model="lm", input="later", background=True, max_output_tokens=8
-        )
-        assert store.hlen(held) == 1  # held from admission
-    deployment.start_worker(_lm_worker(common, tiny_model))
-    with openai.OpenAI(base_url=f"{b}/v1", api_key="sk-capped", max_retries=0) as other:
-        done = wait_until(
-            lambda: other.responses.retrieve(made.id),
-            30,
-            "the background run finished",
-            until=lambda r: r.status in ("completed", "incomplete", "failed"),
-        )
-    assert done.status in ("completed", "incomplete"), done.error
-    wait_until(lambda: store.hlen(held), 10, "its backlog handed back", until=lambda n: n == 0)
-    with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
-        streamed = capped.responses.create(
-            model="lm", input="now", stream=True, max_output_tokens=8
-        )
-        ends = {"response.completed", "response.incomplete"}
-        assert any(event.type in ends for event in streamed)
-    wait_until(
-        lambda: store.hlen(held), 10, "a streamed turn's backlog handed back",
-        until=lambda n: n == 0,
-    )  # fmt: skip
+    # Redis's own record of what was done to the hold, in order: 8 tokens of the tiny model
+    # can end (and hand the hold back) before a read of the hash after `create` returns
+    store.config_set("notify-keyspace-events", "Kh")
+    with contextlib.closing(store.pubsub()) as events:
+        events.subscribe(f"__keyspace@0__:{held}")
+        assert _next_event(events) == "subscribe"
+        with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
+            made = capped.responses.create(
+                model="lm", input="later", background=True, max_output_tokens=8
+            )
+        assert _next_event(events) == "hset"  # held from admission
+        with openai.OpenAI(base_url=f"{b}/v1", api_key="sk-capped", max_retries=0) as other:
+            done = wait_until(
+                lambda: other.responses.retrieve(made.id),
+                30,
+                "the background run finished",
+                until=lambda r: r.status in ("completed", "incomplete", "failed"),
+            )
+        assert done.status in ("completed", "incomplete"), done.error
+        assert _next_event(events) == "hdel"  # handed back by the gateway that finished it
+        with openai.OpenAI(base_url=f"{a}/v1", api_key="sk-capped", max_retries=0) as capped:
+            streamed = capped.responses.create(
+                model="lm", input="now", stream=True, max_output_tokens=8
+            )
+            ends = {"response.completed", "response.incomplete"}
+            assert any(event.type in ends for event in streamed)
+        assert [_next_event(events), _next_event(events)] == ["hset", "hdel"]
+    assert store.hlen(held) == 0
+
+
+def _next_event(events: redis.client.PubSub, timeout_s: float = 10.0) -> str:
+    """The next keyspace event's name (or the subscription's confirmation)."""
+    message = events.get_message(timeout=timeout_s)
+    assert message is not None, f"no event within {timeout_s} s"
+    kind = message["type"]
+    return kind if kind == "subscribe" else message["data"].decode()
