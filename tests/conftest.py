@@ -41,7 +41,7 @@ import redis
 from common.streams import GROUP, Keys
 from tests import forked
 
-# The suite runs two pytest processes (-n 2) on two cores, each starting workers and
+# The suite runs three pytest processes (-n 3) on two cores, each starting workers and
 # gateways: a torch that spins an OpenMP team of one thread per core in every one of them
 # oversubscribes the cores many times over. Measured on 5 modules: 108 s with torch's
 # defaults, 88 s with passive waits, 80 s with one thread each; one schedule-drawing test
