@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import Counter, Gauge, Histogram
+
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Children(Generic[M]):
+    """One metric's children by label values, cached. `labels()` takes a lock and checks its
+    arguments on every call (1.1 µs, measured); a dict lookup is 0.04 µs, and a tenant's
+    request labels five. Bounded as the metric's own children are: by its label values
+    (routes, models, statuses, and tenants from the tenants file)."""
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self._metric.labels(*values)
+        return child
+
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -54,6 +76,13 @@ tenant_refusals_total = Counter(
     "Requests refused 429 over a tenant's quota, by tenant (from the tenants file) and quota",
     ["tenant", "quota"],
 )
+# Labelled on every request: their children are looked up through a cache
+requests_by = Children(requests_total)
+request_durations_by = Children(request_duration_seconds)
+quota_checks_by = Children(quota_checks_total)
+tenant_requests_by = Children(tenant_requests_total)
+tenant_tokens_by = Children(tenant_tokens_total)
+tenant_queue_waits_by = Children(tenant_queue_wait_seconds)
 duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )

@@ -128,7 +128,7 @@ class Quotas:
         now_s = time.monotonic()
         allowance = self._allowances.get(name)
         if allowance is not None and allowance.take(asked.cost, costs.cost, now_s):
-            metrics.quota_checks_total.labels("admitted_leased").inc()
+            metrics.quota_checks_by("admitted_leased").inc()
             return Charge(name, costs, allowance.headers)
         keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
         args = [*asked.args(), *costs.args(), MINUTE_US]  # ARGV[9]: the minute
@@ -151,7 +151,7 @@ class Quotas:
                 code="rate_limit_exceeded",
                 headers=verdict.headers(),
             )
-        metrics.quota_checks_total.labels("admitted").inc()
+        metrics.quota_checks_by("admitted").inc()
         headers = verdict.headers()
         if verdict.leased and requests:  # a whole request's charge: its lease is spendable
             self._allowances[name] = Allowance.of(headers, asked, costs, now_s)

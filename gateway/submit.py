@@ -128,10 +128,10 @@ def tenant_used(call: Call, tokens_in: int, tokens_out: int, queue_ms: float) ->
     """What an answered call of a tenant used, for its metrics (nothing without a tenant)."""
     if call.tenant is None:
         return
-    metrics.tenant_tokens_total.labels(call.tenant, "in").inc(tokens_in)
+    metrics.tenant_tokens_by(call.tenant, "in").inc(tokens_in)
     if tokens_out:
-        metrics.tenant_tokens_total.labels(call.tenant, "out").inc(tokens_out)
-    metrics.tenant_queue_wait_seconds.labels(call.tenant).observe(queue_ms / 1000)
+        metrics.tenant_tokens_by(call.tenant, "out").inc(tokens_out)
+    metrics.tenant_queue_waits_by(call.tenant).observe(queue_ms / 1000)
 
 
 async def lane_of(services: Services, call: Call, model: ModelEntry) -> str | None:
