@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -104,6 +105,15 @@ class Charge:
     tenant: str
     tokens: Pace
     headers: dict[str, str]  # the tenant's standing, as OpenAI's rate-limit headers
+
+    def fields(self) -> list[str | int | None]:
+        """What a stored background run keeps, so whichever gateway ends it settles it."""
+        return [self.tenant, self.tokens.per_minute, self.tokens.cost]
+
+    @classmethod
+    def of_fields(cls, fields: list[Any]) -> Charge:
+        tenant, per_minute, cost = fields
+        return cls(tenant, Pace(per_minute, cost), {})
 
 
 class Quotas:

@@ -77,7 +77,7 @@ class Services:
         self.responses = ResponseStore(store, self.keys)
         ttls = settings.response_ttl_s, settings.response_events_ttl_s
         cancel, release = self.canceller.cancel, self.backlogs.release
-        self.finisher = Finisher(self.responses, cancel, *ttls, release)
+        self.finisher = Finisher(self.responses, cancel, *ttls, release, self.quotas.settle)
         self.batches_changed = asyncio.Event()  # a batch created or cancelled here: look now
         self.stop = asyncio.Event()
         self.batches_stop = asyncio.Event()  # set first on shutdown: hand batches back

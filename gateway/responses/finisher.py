@@ -21,6 +21,7 @@ from common.backoff import Backoff
 from common.clock import wall_ms
 from common.streams import id_order
 from gateway.backlog_store import Reservation
+from gateway.quota_store import Charge
 from gateway.responses.events import Events, Identity
 from gateway.responses.store import TERMINAL, ResponseStore, stored_reply
 from gateway.tool_calls import ToolUse
@@ -90,8 +91,10 @@ class Finisher:
         ttl_s: int,
         events_ttl_s: int,
         release: Callable[[Reservation], None] = lambda _: None,
+        settle: Callable[[Charge, int], None] = lambda _, __: None,
     ) -> None:
         self._responses, self._cancel, self._release = responses, cancel, release
+        self._settle = settle
         self._ttl_s, self._events_ttl_s = ttl_s, events_ttl_s
         self._following: dict[str, tuple[Events, str]] = {}  # id -> (its events, last read)
 
@@ -158,6 +161,16 @@ class Finisher:
             events.fold.worker,
         ):
             log.info("response %s %s", response_id, final["status"])
-            record = await self._responses.get(response_id)  # its tenant's backlog held
-            if record is not None and record.get("reserved"):
-                self._release(Reservation.of_fields(orjson.loads(record["reserved"])))
+            record = await self._responses.get(response_id)  # what its tenant was held to
+            if record is not None:
+                self._hand_back(record, events)
+
+    def _hand_back(self, record: dict[str, Any], events: Events) -> None:
+        """A run's tenant gets back its backlog, and what it did not use of its tokens
+        charge (its prompt and what it generated are kept)."""
+        if record.get("reserved"):
+            self._release(Reservation.of_fields(orjson.loads(record["reserved"])))
+        if record.get("charged"):
+            charged = orjson.loads(record["charged"])
+            used = charged["prompt_tokens"] + events.fold.completion_tokens
+            self._settle(Charge.of_fields(charged["charge"]), used)

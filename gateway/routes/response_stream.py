@@ -62,6 +62,8 @@ def live(services: Services, events: Events, sub: Submitted, finished: Finished)
         finally:
             services.routes_answered(model, sub.owners)
             services.backlogs.release(sub.reserved)
+            used = sum(sub.prompt_tokens) + events.fold.completion_tokens
+            services.quotas.settle(sub.charge, used)
         if events.final is not None:
             await finished(events)
 

@@ -151,6 +151,9 @@ async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     running = {"status": "queued", "entry": sub.ids[0], "deadline_ms": entries.deadline_ms}
     if sub.reserved is not None:  # released by whichever gateway finishes the run
         running["reserved"] = orjson.dumps(sub.reserved.fields()).decode()
+    if sub.charge is not None:  # settled by it too
+        charged = {"charge": sub.charge.fields(), "prompt_tokens": sum(sub.prompt_tokens)}
+        running["charged"] = orjson.dumps(charged).decode()
     await _store(services, who.response_id, {**turn.record, **running})
     try:
         await enqueue_within(services, entries.items, entries.deadline_ms, entries.timeout_ms)

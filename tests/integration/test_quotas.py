@@ -294,3 +294,56 @@ def _next_event(events: redis.client.PubSub, timeout_s: float = 10.0) -> str:
     assert message is not None, f"no event within {timeout_s} s"
     kind = message["type"]
     return kind if kind == "subscribe" else message["data"].decode()
+
+
+# Structured output ends even the random tiny model's answer, well before its max_output_tokens
+ENDS_SOON = {
+    "format": {
+        "type": "json_schema",
+        "name": "flag",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"],
+            "additionalProperties": False,
+        },
+    }
+}
+
+
+@pytest.mark.parametrize("mode", ["background", "stream"])
+def test_a_responses_turn_is_settled_with_the_tokens_it_used(fleet, mode: str) -> None:
+    """A Responses turn is charged its prompt and max_output_tokens like any generation, and
+    handed back what it did not use when it ends: a streamed turn when its stream ends, a
+    background run by the gateway that finishes it (here another than the one it came in)."""
+    (a, b), _, common, _ = fleet
+    store = redis.Redis.from_url(common["redis_url"])
+    key = f"{PREFIX}:{{tenant:metered}}:quota:tokens"
+    asked = {"model": "lm", "input": "q", "max_output_tokens": 60, "text": ENDS_SOON}
+    metered = openai.OpenAI(base_url=f"{a}/v1", api_key="sk-metered", max_retries=0)
+    other = openai.OpenAI(base_url=f"{b}/v1", api_key="sk-metered", max_retries=0)
+    with metered, other:
+        wait_until(lambda: float(store.get(key) or 0) <= _redis_us(store), 30, "the pace rested")
+        before = _redis_us(store)
+        if mode == "background":
+            made = metered.responses.create(**asked, background=True)
+            after = _redis_us(store)
+            done = wait_until(
+                lambda: other.responses.retrieve(made.id),
+                30,
+                "the background run finished",
+                until=lambda r: r.status in ("completed", "incomplete", "failed"),
+            )
+            usage = done.usage
+        else:
+            events = list(metered.responses.create(**asked, stream=True))
+            after = _redis_us(store)
+            usage = events[-1].response.usage
+    assert usage is not None and usage.output_tokens < 60, usage  # ended early
+    wait_until(
+        lambda: float(store.get(key) or 0) - usage.total_tokens * TOKEN_US,
+        10,
+        "the unused tokens handed back",
+        until=lambda charged_at: before <= charged_at <= after,
+    )
