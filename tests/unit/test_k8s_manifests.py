@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from common import streams
+from common import metrics, streams
 from common.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,9 @@ SCHEMAS = ROOT / "tests" / "k8s_schemas"
 KUBECTL = next(
     (k for k in (Path(sys.executable).parent / "kubectl", shutil.which("kubectl")) if k), None
 )
-OVERLAYS = ("cpu", "gpu", "managed-redis", "scale-from-zero")
+OVERLAYS = ("cpu", "gpu", "managed-redis", "scale-from-zero", "tenants")
+# with a tenants file, entries queue in lanes the redis-streams triggers do not read
+STREAM_SCALED = tuple(name for name in OVERLAYS if name != "tenants")
 TARGETS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 # the oldest Kubernetes we support and the newest kubernetes-validate ships
 KUBE_VERSIONS = ("1.28", kubernetes_validate.latest_version())
@@ -216,7 +218,7 @@ def test_gpu_workers_get_one_gpu_the_cuda_image_and_gpu_nodes() -> None:
 # ---- scaling -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", STREAM_SCALED)
 def test_keda_scales_each_model_on_the_lag_of_every_bucket_stream(overlay: str) -> None:
     objects = render(f"overlays/{overlay}")
     scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in of_kind(objects, "ScaledObject")}
@@ -529,6 +531,8 @@ def test_gateway_and_workers_connect_as_an_acl_user_and_keda_as_its_own(target: 
         ]["spec"]["containers"]
         env = {e["name"] for e in container["env"]}
         for trigger in scaled["spec"]["triggers"]:
+            if trigger["type"] != "redis-streams":
+                continue  # a Prometheus trigger never reaches Redis
             assert trigger["metadata"]["usernameFromEnv"] in env
             assert trigger["metadata"]["passwordFromEnv"] in env
 
@@ -768,3 +772,53 @@ def test_the_scale_from_zero_overlay_lets_keda_remove_the_last_worker_and_wake_o
     assert int(settings["data"]["MICROBATCH_COLD_START_MS"]) > 0
     (plain,) = of_kind(render("overlays/cpu"), "ScaledObject")
     assert plain["spec"]["minReplicaCount"] == 1  # the other overlays keep a warm worker
+
+
+def test_with_tenants_keda_scales_on_the_lag_gauge_that_counts_the_lanes() -> None:
+    """One Prometheus trigger per bucket, on the gauge the gateways set from Redis (lanes
+    included), at the thresholds the redis-streams triggers use; the same bounds."""
+    objects = render("overlays/tenants")
+    plain = {
+        t["metadata"]["stream"]: t["metadata"]["lagCount"]
+        for t in of_kind(render("overlays/cpu"), "ScaledObject")[0]["spec"]["triggers"]
+    }
+    (scaled,) = of_kind(objects, "ScaledObject")
+    (deployment,) = workers(objects)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    settings = container_settings(objects, container)
+    keys = streams.Keys(settings.prefix)
+    spec = scaled["spec"]
+    assert {t["type"] for t in spec["triggers"]} == {"prometheus"}
+    assert metrics.queue_lag._labelnames == ("model", "bucket")
+    by_bucket = {}
+    for trigger in (t["metadata"] for t in spec["triggers"]):
+        query = re.fullmatch(
+            rf'max\({metrics.queue_lag._name}\{{model="([^"]+)",bucket="(\d+)"\}}\) or vector\(0\)',
+            trigger["query"],
+        )
+        assert query is not None, trigger["query"]  # absent series count as 0, not no data
+        assert query[1] == settings.served_name
+        by_bucket[int(query[2])] = trigger["threshold"]
+        assert trigger["activationThreshold"] == "0"
+        assert urlsplit(trigger["serverAddress"]).port == 9090
+    assert sorted(by_bucket) == sorted(settings.buckets)
+    for bucket, threshold in by_bucket.items():
+        assert threshold == plain[keys.request(settings.served_name, bucket)]
+    assert spec["fallback"]["replicas"] >= spec["minReplicaCount"] >= 1
+
+
+def test_with_tenants_the_gateways_read_the_file_from_its_secret_and_workers_never_do() -> None:
+    objects = render("overlays/tenants")
+    (gateway,) = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "gateway"]
+    pod = gateway["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    path = Path(container_settings(objects, container).tenants or "")
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "tenants")
+    assert path.parent == Path(mount["mountPath"]) and mount["readOnly"] is True
+    assert "subPath" not in mount  # a Secret's update reaches only a whole mount: reloads
+    volume = next(v for v in pod["volumes"] if v["name"] == "tenants")
+    assert volume["secret"]["secretName"] == "microbatch-tenants"  # API keys: never a ConfigMap
+    assert not any(o["kind"] == "Secret" for o in objects)  # made by the operator, not here
+    for deployment in workers(objects):
+        (worker,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container_settings(objects, worker).tenants is None
