@@ -45,9 +45,16 @@ class Keys:
     def request(self, model: str, bucket: int) -> str:
         return f"{self.prefix}:{{{model}}}:req:{bucket}"
 
-    def affinity(self, model: str, worker: str) -> str:
-        """A generation worker's own stream: prompts whose prefix it caches."""
-        return f"{self.prefix}:{{{model}}}:aff:{worker}"
+    def affinity(self, model: str, worker: str, tenant: str | None = None) -> str:
+        """A generation worker's own stream: prompts whose prefix it caches; with `tenant`,
+        that tenant's such prompts, read in the tenant's lane (by its fair share)."""
+        own = f"{self.prefix}:{{{model}}}:aff:{worker}"
+        return own if tenant is None else f"{own}:t:{tenant}"
+
+    def laned_affinity(self, model: str) -> str:
+        """The generation workers that read a tenant's affinity stream in its lane (a
+        release from before them reads only its own affinity stream, one queue for all)."""
+        return f"{self.prefix}:{{{model}}}:aff-lanes"
 
     def load(self, model: str) -> str:
         return f"{self.prefix}:{{{model}}}:load"

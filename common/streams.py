@@ -226,6 +226,7 @@ async def heartbeat(
     pipe.zremrangebyscore(keys.workers(model), 0, now_ms - 60 * stale_ms)
     if load is not None:
         pipe.hset(keys.load(model), consumer, f"{load} {now_ms}")
+        pipe.hset(keys.laned_affinity(model), consumer, "1")  # renewed as a flush forgets it
     pipe.hexists(keys.models, model)
     return bool((await pipe.execute())[-1])
 
@@ -269,14 +270,27 @@ async def worker_loads(store: Store, keys: Keys, model: str) -> dict[str, Worker
     return out
 
 
-async def forget_affinity(store: Store, keys: Keys, model: str, worker: str) -> bool:
-    """Delete a long-dead worker's affinity stream and load entry if the stream is empty."""
-    stream = keys.affinity(model, worker)
-    if await store.xlen(stream):
+async def laned_affinity_workers(store: Store, keys: Keys, model: str) -> set[str]:
+    """The workers that read their tenants' affinity streams in the tenants' lanes."""
+    # HGETALL, not HKEYS: the documented least-privilege user has the one, not the other
+    return {as_text(name) for name in await store.hgetall(keys.laned_affinity(model)) or {}}
+
+
+async def forget_affinity(
+    store: Store, keys: Keys, model: str, worker: str, tenants: list[str]
+) -> bool:
+    """Delete a long-dead worker's affinity streams (its own and its `tenants'`) and its
+    load entry if every one of them is empty."""
+    owned = [keys.affinity(model, worker), *(keys.affinity(model, worker, t) for t in tenants)]
+    pipe = pipeline(store)
+    for stream in owned:
+        pipe.xlen(stream)
+    if any(await pipe.execute()):
         return False
     pipe = pipeline(store)
-    pipe.delete(stream)
+    pipe.delete(*owned)
     pipe.hdel(keys.load(model), worker)
+    pipe.hdel(keys.laned_affinity(model), worker)
     await pipe.execute()
     return True
 

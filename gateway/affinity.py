@@ -77,9 +77,17 @@ class AffinityRouter:
     index: PrefixIndex = field(default_factory=PrefixIndex)
     _reported: dict[str, dict[str, int]] = field(default_factory=dict)
     _in_flight: dict[tuple[str, str], int] = field(default_factory=dict)
+    _laned: dict[str, frozenset[str]] = field(default_factory=dict)
 
-    def update_loads(self, model: str, loads: Mapping[str, int]) -> None:
+    def update_loads(
+        self, model: str, loads: Mapping[str, int], laned: frozenset[str] = frozenset()
+    ) -> None:
+        """`laned`: the workers that read a tenant's prompts routed to them in its lane."""
         self._reported[model] = dict(loads)
+        self._laned[model] = laned
+
+    def reads_lanes(self, model: str, worker: str) -> bool:
+        return worker in self._laned.get(model, frozenset())
 
     def loads(self, model: str) -> dict[str, int]:
         return {

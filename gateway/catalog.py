@@ -135,7 +135,8 @@ class Catalog:
         self._rates: dict[str, DeliveryRate] = {}
         self._traced: dict[str, bool] = {}  # per model: may entries carry trace context
         # given each generation model's live workers and their loads, every refresh
-        self.on_loads: Callable[[str, dict[str, int]], None] | None = None
+        # and those that read tenants' affinity streams in their lanes
+        self.on_loads: Callable[[str, dict[str, int], frozenset[str]], None] | None = None
 
     async def refresh(self) -> None:
         """Read the registry again; single flight: a caller that comes while a refresh runs
@@ -211,7 +212,9 @@ class Catalog:
             )
             if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
                 loads = await streams.worker_loads(self._store, self._keys, name)
-                self.on_loads(name, {w: r.load for w, r in loads.items() if w in live})
+                laned = await streams.laned_affinity_workers(self._store, self._keys, name)
+                live_loads = {w: r.load for w, r in loads.items() if w in live}
+                self.on_loads(name, live_loads, frozenset(laned & live))
         for entry in list(models.values()):
             for alias in entry.info.aliases:  # served_model_name: the registered name wins
                 models.setdefault(alias, entry)

@@ -116,14 +116,16 @@ class Services:
         lane: str | None = None,
     ) -> tuple[str, str | None]:
         """The stream of the worker caching this prompt's prefix, if one is live and not
-        overloaded (and that worker); else its length bucket's (in the tenant's `lane`),
-        which any worker reads."""
-        worker = self.affinity.route(model, names, known) if self.affinity and names else None
+        overloaded (and that worker), in the tenant's `lane` where that worker reads one;
+        else its length bucket's (in the tenant's `lane`), which any worker reads."""
+        router = self.affinity
+        worker = router.route(model, names, known) if router and names else None
         if names:
             metrics.affinity_routes_total.labels(model, "affine" if worker else "shared").inc()
-        if worker is None:
+        if worker is None or router is None:
             return self.request_stream(model, n_tokens, lane), None
-        return self.keys.affinity(model, worker), worker
+        laned = lane if lane is not None and router.reads_lanes(model, worker) else None
+        return self.keys.affinity(model, worker, laned), worker
 
     def routes_answered(self, model: str, workers: list[str | None]) -> None:
         """The prompts routed to `workers` are answered or failed: their load is gone."""

@@ -1,8 +1,9 @@
 """`LaneReader`: the streams a worker reads, and how, once tenants have lanes of their own.
 
 A worker reads its model's bucket streams (and its affinity stream). With a tenants file, the
-gateways queue each tenant's requests in lanes of their own and list them in the model's
-lane registry; the reader finds them there (every `REFRESH_S`), creates its group on each,
+gateways queue each tenant's requests in lanes of their own (a lane per bucket, and per
+worker for prompts routed by cache affinity) and list them in the model's lane registry;
+the reader finds them there (every `REFRESH_S`), creates its group on each,
 and from then on splits every read between the lanes by their fair shares
 (`worker.lane_shares`). With no lanes it reads as it always did: one XREADGROUP.
 """
@@ -40,6 +41,9 @@ class LaneReader:
         self._shares.set_weights({UNTENANTED: 1.0})
         self._refreshed_s = float("-inf")
         self._entries: dict[str, int] = {}  # entries the last read took, per lane
+        # a generation worker routed to by cache affinity reads each tenant's prompts routed
+        # to it in a stream per tenant, in the tenant's lane
+        self._affine = keys.affinity(model, consumer) in base
 
     def lane_of(self, stream: str) -> str:
         return self._lane_of.get(stream, UNTENANTED)
@@ -55,10 +59,10 @@ class LaneReader:
         tenants = await lane_streams.lane_tenants(self._store, self._keys, self._model)
         known = set(self._lane_of.values())
         new = [
-            (self._keys.lane(self._model, bucket, tenant), tenant)
+            (stream, tenant)
             for tenant in tenants
             if tenant not in known
-            for bucket in self._buckets
+            for stream in self._lane_streams(tenant)
         ]
         if new:
             await streams.ensure_groups(self._store, [stream for stream, _ in new])
@@ -67,6 +71,12 @@ class LaneReader:
                 self._lane_of[stream] = tenant
         self._shares.set_weights({UNTENANTED: 1.0, **tenants})
         self._refreshed_s = self._clock()
+
+    def _lane_streams(self, tenant: str) -> list[str]:
+        own = [self._keys.lane(self._model, bucket, tenant) for bucket in self._buckets]
+        if self._affine:
+            own.append(self._keys.affinity(self._model, self._consumer, tenant))
+        return own
 
     async def read(
         self, room: int, block_ms: int | None

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from common import metrics, streams
+from common import lane_streams, metrics, streams
 from common.clock import wall_ms
 from common.settings import Settings
 from common.store import Store
@@ -150,15 +150,18 @@ class Liveness:
         now, stale_ms = wall_ms(), self._settings.worker_stale_ms
         live = await self.live_peers()
         loads = await streams.worker_loads(self._store, self._keys, self._model)
-        out = []
-        for peer, report in loads.items():
-            if peer == self._name or peer in live:
-                continue
-            if report.beat_ms < now - 60 * stale_ms and await streams.forget_affinity(
-                self._store, self._keys, self._model, peer
+        out: list[str] = []
+        dead = [p for p in loads if p != self._name and p not in live]
+        if not dead:
+            return out
+        tenants = list(await lane_streams.lane_tenants(self._store, self._keys, self._model))
+        for peer in dead:
+            if loads[peer].beat_ms < now - 60 * stale_ms and await streams.forget_affinity(
+                self._store, self._keys, self._model, peer, tenants
             ):
                 continue
             out.append(self._keys.affinity(self._model, peer))
+            out.extend(self._keys.affinity(self._model, peer, t) for t in tenants)
         return out
 
 

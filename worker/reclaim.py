@@ -126,6 +126,11 @@ class Reclaimer:
                 await self._intake.accept(claimed, counts)
 
     async def _adopt(self, stream: str) -> None:
+        if not await self._store.exists(stream):
+            return  # a tenant's stream of the peer's that no gateway ever wrote to
+        # a gateway may have written a tenant's before the peer had found its lane (and made
+        # the group); the group starts at 0, so those entries are read all the same
+        await streams.ensure_groups(self._store, [stream])
         while (room := self._intake.room()) > 0:
             read = await streams.read_group(
                 self._store, self._consumer, {stream: ">"}, count=room, block_ms=None

@@ -97,3 +97,15 @@ def test_a_worker_known_from_the_store_wins_over_this_gateways_index_within_the_
     assert router.route("m", names, known="gone") is None
     router.update_loads("m", {"a": 0, "b": 5})
     assert router.route("m", names, known="b") is None
+
+
+def test_only_workers_that_read_tenants_affinity_streams_are_sent_a_tenants_prompts_there() -> None:
+    """A worker of an earlier release reads only its own affinity stream: a tenant's prompt
+    routed to it must go there, not to a tenant stream nobody reads."""
+    router = AffinityRouter(max_imbalance=4)
+    router.update_loads("m", {"new": 0, "old": 0}, frozenset({"new"}))
+    assert router.reads_lanes("m", "new")
+    assert not router.reads_lanes("m", "old")
+    assert not router.reads_lanes("other", "new")
+    router.update_loads("m", {"new": 0, "old": 0})  # a refresh that found none: none
+    assert not router.reads_lanes("m", "new")
