@@ -251,50 +251,6 @@ async def wire_versions(store: Store, keys: Keys, model: str, known: set[str]) -
     return {name: v for name, v in versions.items() if name in known}
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerLoad:
-    load: int  # sequences held at its last beat
-    beat_ms: int
-
-
-async def worker_loads(store: Store, keys: Keys, model: str) -> dict[str, WorkerLoad]:
-    """What each generation worker with an affinity stream last reported, live or not."""
-    rows = await store.hgetall(keys.load(model))
-    out = {}
-    for name, value in (rows or {}).items():
-        try:
-            load, beat = as_text(value).split()
-            out[as_text(name)] = WorkerLoad(int(load), int(beat))
-        except (ValueError, UnicodeDecodeError):  # not ours to fail on: skipped, not a crash
-            continue
-    return out
-
-
-async def laned_affinity_workers(store: Store, keys: Keys, model: str) -> set[str]:
-    """The workers that read their tenants' affinity streams in the tenants' lanes."""
-    # HGETALL, not HKEYS: the documented least-privilege user has the one, not the other
-    return {as_text(name) for name in await store.hgetall(keys.laned_affinity(model)) or {}}
-
-
-async def forget_affinity(
-    store: Store, keys: Keys, model: str, worker: str, tenants: list[str]
-) -> bool:
-    """Delete a long-dead worker's affinity streams (its own and its `tenants'`) and its
-    load entry if every one of them is empty."""
-    owned = [keys.affinity(model, worker), *(keys.affinity(model, worker, t) for t in tenants)]
-    pipe = pipeline(store)
-    for stream in owned:
-        pipe.xlen(stream)
-    if any(await pipe.execute()):
-        return False
-    pipe = pipeline(store)
-    pipe.delete(*owned)
-    pipe.hdel(keys.load(model), worker)
-    pipe.hdel(keys.laned_affinity(model), worker)
-    await pipe.execute()
-    return True
-
-
 async def record_cold_start(store: Store, keys: Keys, model: str, ms: int) -> None:
     await store.set(keys.cold_start(model), str(ms))
 

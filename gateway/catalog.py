@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from common import metrics, streams
+from common import affinity_streams, metrics, streams
 from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.settings import Settings
 from common.status import ModelStatus, export_gauges, model_status
@@ -211,8 +211,8 @@ class Catalog:
                 info, tokenizer, state.live_workers, state.depth, rate, cold, traced
             )
             if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
-                loads = await streams.worker_loads(self._store, self._keys, name)
-                laned = await streams.laned_affinity_workers(self._store, self._keys, name)
+                loads = await affinity_streams.worker_loads(self._store, self._keys, name)
+                laned = await affinity_streams.laned_affinity_workers(self._store, self._keys, name)
                 live_loads = {w: r.load for w, r in loads.items() if w in live}
                 self.on_loads(name, live_loads, frozenset(laned & live))
         for entry in list(models.values()):

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 
 from redis.exceptions import RedisError
 
-from common import lane_streams, metrics, streams
+from common import affinity_streams, lane_streams, metrics, streams
 from common.clock import wall_ms
 from common.settings import Settings
 from common.store import Store
@@ -149,14 +149,14 @@ class Liveness:
             return []
         now, stale_ms = wall_ms(), self._settings.worker_stale_ms
         live = await self.live_peers()
-        loads = await streams.worker_loads(self._store, self._keys, self._model)
+        loads = await affinity_streams.worker_loads(self._store, self._keys, self._model)
         out: list[str] = []
         dead = [p for p in loads if p != self._name and p not in live]
         if not dead:
             return out
         tenants = list(await lane_streams.lane_tenants(self._store, self._keys, self._model))
         for peer in dead:
-            if loads[peer].beat_ms < now - 60 * stale_ms and await streams.forget_affinity(
+            if loads[peer].beat_ms < now - 60 * stale_ms and await affinity_streams.forget_affinity(
                 self._store, self._keys, self._model, peer, tenants
             ):
                 continue

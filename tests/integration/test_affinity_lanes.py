@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from common import streams
+from common import affinity_streams, streams
 from common.keys import Keys
 from common.settings import Settings
 from common.store import close_store, open_store
@@ -143,7 +143,7 @@ def test_a_dead_workers_tenant_streams_are_adopted_then_forgotten_once_empty(
             kept = await store.exists(keys.affinity(MODEL, "dead", "a")) == 1
             await store.xdel(keys.affinity(MODEL, "dead", "a"), held)
             forgotten = not await liveness.orphaned_streams()
-            laned = await streams.laned_affinity_workers(store, keys, MODEL)
+            laned = await affinity_streams.laned_affinity_workers(store, keys, MODEL)
             return orphans, kept, forgotten, laned
         finally:
             await close_store(store)

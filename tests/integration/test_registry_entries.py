@@ -7,7 +7,7 @@ import asyncio
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from common import streams
+from common import affinity_streams, streams
 from common.protocol import ModelInfo, encode
 from common.settings import Settings
 from common.store import close_store, open_store
@@ -60,7 +60,7 @@ def test_a_malformed_load_report_is_skipped_not_a_crash(redis_url: str) -> None:
         keys = streams.Keys(settings.prefix)
         try:
             await store.hset(keys.load("m"), mapping={"w1": "3 1700000000000", "w2": "garbage"})
-            return await streams.worker_loads(store, keys, "m")
+            return await affinity_streams.worker_loads(store, keys, "m")
         finally:
             await close_store(store)
 
