@@ -224,3 +224,105 @@ def test_copy_on_write_counts_each_copy_and_keeps_the_sibling_s_block() -> None:
     assert m.append(2, 8) is None  # its own block now: no second copy
     assert m.stats.copies == 1
     assert m.append(1, 9) is None  # the sibling owns the shared block alone again
+
+
+def test_names_passed_to_cached_tokens_are_the_ones_looked_up() -> None:
+    """Precomputed names are used as given, not recomputed from the tokens."""
+    m = manager()
+    run(m, 1, list(range(9)))
+    assert m.cached_tokens(list(range(9)), m.names(list(range(9)))) == 8
+    assert m.cached_tokens(list(range(9)), prefix_names(list(range(9)), BS, b"other")) == 0
+
+
+def test_a_sequence_that_reused_a_prefix_names_its_later_blocks_in_the_same_chain() -> None:
+    """After two cached blocks, the third block this sequence fills gets the chained name."""
+    m = manager()
+    run(m, 1, list(range(9)))  # blocks 0..3 and 4..7 named
+    assert run(m, 2, list(range(13))) == 8  # names 8..11 after the two it reused
+    assert m.cached_tokens(list(range(13))) == 12
+
+
+def test_a_forked_sibling_continues_its_parent_s_chain_of_names() -> None:
+    """A fork inherits how many blocks are named and the last name, so its next full block
+    is named as the same prefix would be."""
+    m = manager()
+    run(m, 1, list(range(6)))
+    m.fork(1, 2)
+    m.append(2, 6)
+    m.append(2, 7)
+    m.commit([2])
+    assert m.cached_tokens([*range(8), 99]) == 8
+
+
+def test_three_siblings_each_copy_the_shared_block_before_writing_until_one_is_left() -> None:
+    """Copy-on-write drops one reference per copy: the second writer of three copies too,
+    the copy replaces the last block only, and each copy is counted."""
+    m = manager()
+    run(m, 1, list(range(10)))  # three blocks, the last half full
+    m.fork(1, 2)
+    m.fork(1, 3)
+    head, shared = m.table(1)[:2], m.table(1)[2]
+    first = m.append(2, 50)
+    second = m.append(3, 60)
+    assert first is not None and second is not None
+    assert (first[0], second[0]) == (shared, shared)
+    assert m.table(2) == [*head, first[1]] and m.table(3) == [*head, second[1]]
+    assert m.append(1, 70) is None and m.table(1) == [*head, shared]
+    assert m.stats.copies == 2
+
+
+def test_commit_with_written_names_only_the_blocks_prefilled_so_far() -> None:
+    """A prompt prefilled in chunks names only the full blocks of its written positions."""
+    m = manager()
+    m.admit(1, list(range(12)))
+    m.commit([1], written=[5])  # one full block written
+    assert m.cached_tokens([*range(12), 99]) == 4
+    m.commit([1], written=[12])
+    assert m.cached_tokens([*range(12), 99]) == 12
+
+
+def test_of_two_blocks_with_the_same_prefix_the_first_named_keeps_the_name() -> None:
+    """Two equal prompts admitted in one step: the first commit names its block; the other
+    block stays unnamed and is handed out again before any cached block is evicted."""
+    m = manager(blocks=3)  # two usable
+    m.admit(1, [0, 1, 2, 3])
+    m.admit(2, [0, 1, 2, 3])
+    first, second = m.table(1)[0], m.table(2)[0]
+    m.commit([1, 2])
+    m.free(1)
+    m.free(2)
+    assert m.admit(3, [0, 1, 2, 3, 9]) == 4
+    assert m.table(3) == [first, second] and m.stats.evictions == 0
+
+
+def test_freeing_an_unknown_sequence_does_nothing() -> None:
+    """A sequence freed twice (cancelled, then finished) or never admitted is ignored."""
+    m = manager()
+    run(m, 1, list(range(5)))
+    m.free(1)
+    m.free(1)
+    m.free(99)
+    assert m.used == 0
+
+
+def test_high_water_counts_the_ids_ever_handed_out() -> None:
+    """`high_water` is one past the highest block id used; reused blocks leave it unchanged."""
+    m = manager(caching=False)
+    assert m.high_water == 1
+    m.admit(1, list(range(9)))  # three blocks: ids 1, 2, 3
+    assert m.high_water == 4
+    m.free(1)
+    m.admit(2, list(range(9)))  # the same three ids again
+    assert m.high_water == 4
+
+
+def test_eviction_takes_the_least_recently_freed_block_first() -> None:
+    """A freed sequence releases its tail first, so its tail is evicted first and the head
+    of the prefix stays cached."""
+    m = manager(blocks=4)  # three usable
+    run(m, 1, list(range(12)))  # three named blocks
+    tail = m.table(1)[2]
+    m.free(1)
+    run(m, 2, [100, 101, 102, 103])  # one block, and no never-used id left
+    assert m.table(2) == [tail] and m.stats.evictions == 1
+    assert m.cached_tokens([*range(8), 99]) == 8

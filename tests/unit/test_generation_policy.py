@@ -178,3 +178,82 @@ def test_a_redelivered_prompt_prefills_in_an_engine_running_nothing_else() -> No
 def test_background_sequences_join_after_every_online_one() -> None:
     waiting = [seq(1, 10, order=1, priority=PRIORITY_BACKGROUND), seq(2, 10, order=2)]
     assert plan_step([], waiting, EngineLimits(1, 100, 1000, chunked=False)).admit == (2,)
+
+
+def test_kv_usage_rounds_each_sequence_up_to_whole_blocks() -> None:
+    """Each length is rounded up to its own whole blocks, in positions; blocks of one by default."""
+    assert kv_usage([5, 4, 1], 4) == 16  # 2 + 1 + 1 blocks of four
+    assert kv_usage([3, 5]) == 8
+
+
+def test_two_running_sequences_overflowing_the_kv_budget_pause_the_newer() -> None:
+    """Preemption applies from two running sequences on: only the last one is never paused."""
+    plan = plan_step([seq(0, 600), seq(1, 600)], [], LIMITS)
+    assert plan == plan.__class__((1,), ())
+
+
+def test_running_sequences_that_exactly_fill_the_kv_budget_after_the_decode_stay() -> None:
+    """The KV budget holds each running sequence plus one token, inclusive: 2 x 500 = 1000."""
+    plan = plan_step([seq(0, 499), seq(1, 499)], [], LIMITS)
+    assert plan == plan.__class__((), (), {})
+
+
+def test_preemption_counts_whole_kv_blocks() -> None:
+    """Two sequences of 17 positions hold two blocks of 16 each: 64 > 48, so one is paused."""
+    limits = EngineLimits(max_running=4, step_tokens=100, kv_tokens=48, block_size=16)
+    assert plan_step([seq(0, 16), seq(1, 16)], [], limits).preempt == (1,)
+
+
+WIDE = EngineLimits(max_running=4, step_tokens=1000, kv_tokens=1000, chunked=False)
+
+
+def test_a_newcomer_exactly_filling_the_kv_budget_beside_the_next_decode_joins() -> None:
+    """Admission counts running sequences one token longer, and the KV budget is inclusive."""
+    assert plan_step([seq(0, 499)], [seq(1, 500)], WIDE).admit == (1,)  # 500 + 500
+    assert plan_step([seq(0, 500)], [seq(1, 500)], WIDE).admit == ()  # 501 + 500 > 1000
+    assert plan_step([seq(0, 499)], [seq(1, 501)], WIDE).admit == ()  # 500 + 501 > 1000
+
+
+def test_an_idle_engine_admits_a_prompt_larger_than_the_kv_budget() -> None:
+    """The KV check applies only beside running sequences: an idle engine takes anything."""
+    assert plan_step([], [seq(1, 2000)], EngineLimits(4, 5000, 1000, chunked=False)).admit == (1,)
+
+
+def test_admission_counts_whole_kv_blocks() -> None:
+    """A decode at 16 (one block) and a 34-token prompt (three blocks) hold 64 > 60 positions."""
+    limits = EngineLimits(max_running=4, step_tokens=100, kv_tokens=60, block_size=16)
+    assert plan_step([seq(0, 15)], [seq(1, 34)], limits).admit == ()
+    assert plan_step([seq(0, 15)], [seq(1, 32)], limits).admit == (1,)  # 16 + 32 = 48
+
+
+def test_a_cached_prefix_costs_the_step_budget_nothing() -> None:
+    """Only the uncached part of a prompt counts against the step's tokens: 1 + 22 <= 100."""
+    cached = SeqView(1, 150, PRIORITY_BATCH, 1, cached=128)
+    plan = plan_step([seq(0, 10)], [cached], LIMITS)
+    assert plan.admit == (1,) and plan.budgets == {}
+
+
+def test_a_one_token_prompt_waits_when_the_step_budget_is_spent() -> None:
+    """With no token left beside the decodes, even a one-token prefill waits for the next step."""
+    limits = EngineLimits(max_running=4, step_tokens=2, kv_tokens=1000)
+    assert plan_step([seq(0, 10), seq(1, 10)], [seq(2, 1)], limits).admit == ()
+
+
+def test_a_remainder_of_exactly_the_smallest_chunk_starts_a_long_prompt() -> None:
+    """32 tokens left (the smallest chunk worth starting) is enough: the bound is inclusive."""
+    filling = SeqView(1, 150, PRIORITY_BATCH, 1, pending=67)
+    plan = plan_step([seq(0, 10), filling], [seq(2, 60)], CHUNKED)
+    assert plan.admit == (2,) and plan.budgets == {1: 67, 2: 32}
+
+
+def test_an_idle_engine_with_a_one_token_step_prefills_one_token_at_a_time() -> None:
+    """A chunk is as large as the step allows, even a single token, never more."""
+    limits = EngineLimits(max_running=4, step_tokens=1, kv_tokens=1000)
+    plan = plan_step([], [seq(1, 5)], limits)
+    assert plan.admit == (1,) and plan.budgets == {1: 1}
+
+
+def test_prefill_groups_allow_padding_of_exactly_the_limit() -> None:
+    """Padding equal to `max_padding` of the group's tokens still groups: 2 of 20 at 10 %."""
+    assert prefill_groups([10, 8]) == [[1, 0]]
+    assert prefill_groups([10, 7]) == [[1], [0]]  # 3 of 20: over the limit
