@@ -160,6 +160,8 @@ async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     except MicrobatchError:
         services.canceller.cancel(entries.model, sub.ids, entries.deadline_ms)
         await services.responses.delete(who.response_id)
+        services.backlogs.release(sub.reserved)  # never queued: nobody else will hand back
+        services.quotas.settle(sub.charge, sum(sub.prompt_tokens))
         raise
     finally:
         services.routes_answered(entries.model, sub.owners)

@@ -347,3 +347,39 @@ def test_a_responses_turn_is_settled_with_the_tokens_it_used(fleet, mode: str) -
         "the unused tokens handed back",
         until=lambda charged_at: before <= charged_at <= after,
     )
+
+
+def test_a_background_run_that_could_not_be_queued_hands_back_what_it_held(
+    fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused at the enqueue (Redis, or its deadline, failing it there), a background run
+    is deleted and answered 503: nobody will finish it, so its backlog and the unused part
+    of its tokens charge go back at once, not at the backlog's deadline."""
+    from common.errors import ServiceUnavailable
+    from gateway.routes import responses as route
+
+    async def refused(*_: object) -> None:
+        raise ServiceUnavailable("the queue is not answering")
+
+    (a, _), _, common, _ = fleet
+    store = redis.Redis.from_url(common["redis_url"])
+    backlog = f"{PREFIX}:{{tenant:capped}}:backlog:lm:tokens"
+    pace = f"{PREFIX}:{{tenant:metered}}:quota:tokens"
+    monkeypatch.setattr(route, "enqueue_within", refused)  # the gateways run in this process
+    asked = {"model": "lm", "input": "q", "max_output_tokens": 60, "background": True}
+
+    def create(key: str) -> httpx.Response:
+        auth = {"Authorization": f"Bearer {key}"}
+        return httpx.post(f"{a}/v1/responses", json=asked, headers=auth)
+
+    assert create("sk-capped").status_code == 503
+    wait_until(lambda: store.hlen(backlog), 10, "the backlog handed back", until=lambda n: n == 0)
+    wait_until(lambda: float(store.get(pace) or 0) <= _redis_us(store), 30, "the pace rested")
+    assert create("sk-metered").status_code == 503
+    # charged its prompt and 60 tokens, settled to its prompt: under 60 tokens' worth ahead
+    wait_until(
+        lambda: float(store.get(pace) or 0) - _redis_us(store),
+        10,
+        "the unused tokens handed back",
+        until=lambda ahead_us: ahead_us < 60 * TOKEN_US,
+    )
