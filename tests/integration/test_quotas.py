@@ -374,12 +374,22 @@ def test_a_background_run_that_could_not_be_queued_hands_back_what_it_held(
 
     assert create("sk-capped").status_code == 503
     wait_until(lambda: store.hlen(backlog), 10, "the backlog handed back", until=lambda n: n == 0)
+    monkeypatch.undo()
+    plain = {**asked, "background": False, "max_output_tokens": 1}
+    prompt = httpx.post(
+        f"{a}/v1/responses", json=plain, headers={"Authorization": "Bearer sk-free"}
+    )
+    prompt_tokens = prompt.json()["usage"]["input_tokens"]
+    monkeypatch.setattr(route, "enqueue_within", refused)
     wait_until(lambda: float(store.get(pace) or 0) <= _redis_us(store), 30, "the pace rested")
+    before = _redis_us(store)
     assert create("sk-metered").status_code == 503
-    # charged its prompt and 60 tokens, settled to its prompt: under 60 tokens' worth ahead
+    # charged its prompt and 60 tokens at some moment after `before`, settled to its prompt
+    # (its whole charge would keep the pace ahead for 7 s, and the key for 8: looked at
+    # within 3 s, while it exists)
     wait_until(
-        lambda: float(store.get(pace) or 0) - _redis_us(store),
-        10,
+        lambda: store.get(pace),
+        3,
         "the unused tokens handed back",
-        until=lambda ahead_us: ahead_us < 60 * TOKEN_US,
+        until=lambda at: at is not None and float(at) - before <= (prompt_tokens + 1) * TOKEN_US,
     )
