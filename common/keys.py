@@ -152,3 +152,8 @@ class Keys:
     def lanes(self, model: str) -> str:
         """The tenants with lanes for a model, each with its weight (a hash)."""
         return f"{self.prefix}:{{{model}}}:lanes"
+
+    def lane_news(self, model: str) -> str:
+        """A stream a gateway writes to when it starts a lane: it wakes an idle worker to
+        look at the registry now, not after its blocking read and its next refresh."""
+        return f"{self.prefix}:{{{model}}}:lanes:new"

@@ -148,6 +148,7 @@ class Intake:
                 raise
             log.warning("consumer group vanished (Redis lost data?); recreating")
             await streams.ensure_groups(self.store, self.streams)
+            self._lanes.lost_groups()
             return 0
         costs = await self.accept(read, deliveries={}) if read else {}
         if asked:

@@ -44,6 +44,8 @@ class LaneReader:
         # a generation worker routed to by cache affinity reads each tenant's prompts routed
         # to it in a stream per tenant, in the tenant's lane
         self._affine = keys.affinity(model, consumer) in base
+        self._news = keys.lane_news(model)
+        self._news_group = False  # made at the first refresh, again after Redis lost it
 
     def lane_of(self, stream: str) -> str:
         return self._lane_of.get(stream, UNTENANTED)
@@ -54,6 +56,9 @@ class LaneReader:
     async def refresh(self, force: bool = False) -> None:
         """The registry read again (at most every `REFRESH_S` unless `force`): new lanes
         joined, weights changed."""
+        if not self._news_group:
+            await streams.ensure_groups(self._store, [self._news])
+            self._news_group = True
         if not force and self._clock() - self._refreshed_s < REFRESH_S:
             return
         tenants = await lane_streams.lane_tenants(self._store, self._keys, self._model)
@@ -83,11 +88,13 @@ class LaneReader:
     ) -> tuple[list[streams.StreamEntry], set[str]]:
         """New entries, and the lanes the read asked; with no lanes, one read of all."""
         everything = dict.fromkeys(self.streams, ">")
+        if block_ms is not None:  # a wait: a lane a gateway starts meanwhile ends it too
+            everything[self._news] = ">"
         if not self._shares.tenanted:
             read = await streams.read_group(
                 self._store, self._consumer, everything, count=room, block_ms=block_ms
             )
-            return read, set()
+            return await self._without_news(read), set()
         counts = self._shares.counts(room)
         asked = {s: counts[lane] for s, lane in self._lane_of.items() if lane in counts}
         read = await lane_streams.read_groups(self._store, self._consumer, asked)
@@ -96,9 +103,23 @@ class LaneReader:
             read = await streams.read_group(
                 self._store, self._consumer, everything, count=1, block_ms=block_ms
             )
+            read = await self._without_news(read)
             lanes = set(self._shares.lanes)
         self._count(read)
         return read, lanes
+
+    def lost_groups(self) -> None:
+        """Redis lost its groups (restarted empty): the news group is made again too."""
+        self._news_group = False
+
+    async def _without_news(self, read: list[streams.StreamEntry]) -> list[streams.StreamEntry]:
+        """The entries, less lane news: acked, and the registry read again at once."""
+        news = [item.entry_id for item in read if item.stream == self._news]
+        if not news:
+            return read
+        await self._store.xack(self._news, streams.GROUP, *news)
+        self._refreshed_s = float("-inf")
+        return [item for item in read if item.stream != self._news]
 
     def idle_lanes(self) -> set[str]:
         """Lanes a read last found empty (none while there are no tenants' lanes)."""
