@@ -144,9 +144,17 @@ class BatchRecords:
         raw = await self._store.hgetall(self._keys.batch_done(batch_id))
         return {_text(k): _text(v) == "o" for k, v in raw.items()}
 
-    async def results(self, batch_id: str) -> dict[str, bytes]:
-        raw = await self._store.hgetall(self._keys.batch_results(batch_id))
-        return {_text(k): v for k, v in raw.items()}
+    async def results(self, batch_id: str, custom_ids: list[str]) -> dict[str, bytes]:
+        """The results of these lines (a page of them: a batch's whole output is never read
+        at once); a line without one is left out."""
+        if not custom_ids:
+            return {}
+        key = self._keys.batch_results(batch_id)
+        pipe = pipeline(self._store)  # one round trip; HGETs, as the embedded store has no HMGET
+        for custom_id in custom_ids:
+            pipe.hget(key, custom_id)
+        found = await pipe.execute()
+        return {cid: v for cid, v in zip(custom_ids, found, strict=True) if v is not None}
 
     async def take_lease(self, batch_id: str, holder: str, ms: int) -> bool:
         return bool(await self._store.set(self._keys.batch_lease(batch_id), holder, nx=True, px=ms))

@@ -27,13 +27,14 @@ from common.tasks import spawn_supervised
 from gateway.batch_gate import DepthGate
 from gateway.batch_lines import Line, assemble, read_lines, result_line, unfinished_line
 from gateway.batch_records import BatchRecords
-from gateway.files import FileStore, file_meta
+from gateway.files import FileStore, expiry, file_meta
 from gateway.local_call import LocalAnswer
 
 log = logging.getLogger("microbatch.batches")
 
 RETRIED = (429, 503, 504)  # load or time, not the line: it runs again
 CHECK_EVERY_S = 0.5  # how often a driver rereads the record (a cancel) and saves its counts
+FINALIZE_PAGE = 1000  # lines whose results are read and written out at once
 
 Post = Callable[[str, bytes, dict[str, str], asyncio.Event], Awaitable[LocalAnswer]]
 ModelProblem = Callable[[str, str | None], str | None]  # (endpoint, model) -> what is wrong
@@ -201,35 +202,10 @@ class BatchRun:
     async def _finalize(self, lines: list[Line]) -> None:
         record = await self._records.get(self.id) or self._record
         await self._records.update(self.id, status="finalizing", finalizing_at=now_s())
-        done, results = await self._records.done(self.id), await self._records.results(self.id)
+        done = await self._records.done(self.id)
         cancelled = bool(record.get("cancelling_at"))
         expired = not cancelled and any(line.custom_id not in done for line in lines)
-        code, why = (
-            ("batch_cancelled", "the batch was cancelled before this line ran")
-            if cancelled
-            else ("batch_expired", "the batch's completion window ended before this line ran")
-        )
-        for line in lines:
-            if line.custom_id not in done:
-                results[line.custom_id] = unfinished_line(self.id, line, code, why)
-                done[line.custom_id] = False
-        output, errors = assemble(lines, results, done)
-        ids = {}
-        hex_id = self.id.removeprefix("batch_")
-        for name, data, suffix in (("output_file_id", output, "o"), ("error_file_id", errors, "e")):
-            if data:
-                file_id = f"file-{hex_id}{suffix}"
-                filename = f"{self.id}_{name.removesuffix('_file_id')}.jsonl"
-                meta = file_meta(
-                    file_id,
-                    data,
-                    filename,
-                    "batch_output",
-                    record["owner"],
-                    self._limits.output_ttl_s,
-                )
-                await self._files.put(meta, data)
-                ids[name] = file_id
+        ids = await self._write_files(lines, done, cancelled, record["owner"])
         status = "cancelled" if cancelled else "expired" if expired else "completed"
         completed = sum(done.values())
         await self._records.update(
@@ -244,6 +220,44 @@ class BatchRun:
         log.info(
             "batch %s %s: %d answered, %d failed", self.id, status, completed, len(done) - completed
         )
+
+    async def _write_files(
+        self, lines: list[Line], done: dict[str, bool], cancelled: bool, owner: str
+    ) -> dict[str, str]:
+        """The output and error files, written a page of lines at a time (a 50,000-line
+        batch's results were read and assembled whole, twice its output in memory); every
+        line without a result gets one saying why (`done` learns it failed)."""
+        code, why = (
+            ("batch_cancelled", "the batch was cancelled before this line ran")
+            if cancelled
+            else ("batch_expired", "the batch's completion window ended before this line ran")
+        )
+        hex_id, expires = self.id.removeprefix("batch_"), expiry(self._limits.output_ttl_s)
+        file_ids = {"output_file_id": f"file-{hex_id}o", "error_file_id": f"file-{hex_id}e"}
+        writers = {name: self._files.writer(fid, expires) for name, fid in file_ids.items()}
+        for start in range(0, len(lines), FINALIZE_PAGE):
+            page = lines[start : start + FINALIZE_PAGE]
+            results = await self._records.results(
+                self.id, [line.custom_id for line in page if line.custom_id in done]
+            )
+            for line in page:
+                if line.custom_id not in done:
+                    results[line.custom_id] = unfinished_line(self.id, line, code, why)
+                    done[line.custom_id] = False
+            output, errors = assemble(page, results, done)
+            await writers["output_file_id"].write(output)
+            await writers["error_file_id"].write(errors)
+        ids = {}
+        for name, writer in writers.items():
+            if not writer.size:
+                await writer.discard()
+                continue
+            filename = f"{self.id}_{name.removesuffix('_file_id')}.jsonl"
+            ttl_s = self._limits.output_ttl_s
+            meta = file_meta(file_ids[name], writer.size, filename, "batch_output", owner, ttl_s)
+            await writer.commit(meta)
+            ids[name] = file_ids[name]
+        return ids
 
 
 async def _settle(inflight: set[asyncio.Task[None]]) -> set[asyncio.Task[None]]:

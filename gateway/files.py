@@ -54,15 +54,31 @@ def new_file_id() -> str:
 
 
 def file_meta(
-    file_id: str, data: bytes, filename: str, purpose: str, owner: str, ttl_s: int | None = None
+    file_id: str, size: int, filename: str, purpose: str, owner: str, ttl_s: int | None = None
 ) -> FileMeta:
     now = int(time.time())
     expires = None if ttl_s is None else now + ttl_s
-    return FileMeta(file_id, len(data), now, filename, purpose, owner, expires)
+    return FileMeta(file_id, size, now, filename, purpose, owner, expires)
+
+
+def expiry(ttl_s: int | None) -> int | None:
+    return None if ttl_s is None else int(time.time()) + ttl_s
+
+
+class FileWriter(Protocol):
+    """A file written part by part (a batch's output, page by page, never whole in memory);
+    visible only once committed."""
+
+    size: int
+
+    async def write(self, data: bytes) -> None: ...
+    async def commit(self, meta: FileMeta) -> None: ...
+    async def discard(self) -> None: ...
 
 
 class FileStore(Protocol):
     async def put(self, meta: FileMeta, data: bytes) -> None: ...
+    def writer(self, file_id: str, expires_at: int | None) -> FileWriter: ...
     async def meta(self, file_id: str) -> FileMeta | None: ...
     async def content(self, file_id: str) -> bytes: ...
     async def delete(self, file_id: str) -> bool: ...
@@ -78,13 +94,15 @@ class RedisFiles:
         self._store, self._keys = store, keys
 
     async def put(self, meta: FileMeta, data: bytes) -> None:
-        """Chunks first, metadata last: a file is visible only once whole (a rewrite of the
-        same id, as a resumed batch's output is, replaces it in place)."""
-        chunks = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]
-        ttl = None if meta.expires_at is None else max(1, meta.expires_at - int(time.time()))
-        for index, chunk in enumerate(chunks):
-            await self._store.set(self._keys.file_chunk(meta.id, index), chunk, ex=ttl)
-        record = orjson.dumps({**asdict(meta), "chunks": len(chunks)})
+        writer = self.writer(meta.id, meta.expires_at)
+        await writer.write(data)
+        await writer.commit(meta)
+
+    def writer(self, file_id: str, expires_at: int | None) -> _RedisWriter:
+        return _RedisWriter(self, file_id, expires_at)
+
+    async def _index(self, meta: FileMeta, chunks: int, ttl: int | None) -> None:
+        record = orjson.dumps({**asdict(meta), "chunks": chunks})
         await self._store.set(self._keys.file(meta.id), record, ex=ttl)
         await self._store.zadd(self._keys.files(meta.owner), {meta.id: meta.created_at})
         if meta.expires_at is not None:
@@ -137,6 +155,38 @@ class RedisFiles:
         return [meta for _, meta in found if meta is not None]
 
 
+class _RedisWriter:
+    """Chunks as they fill, metadata last: a file is visible only once whole (a rewrite of
+    the same id, as a resumed batch's output is, replaces it in place)."""
+
+    def __init__(self, files: RedisFiles, file_id: str, expires_at: int | None) -> None:
+        self._files, self._id, self._pending = files, file_id, bytearray()
+        self._ttl = None if expires_at is None else max(1, expires_at - int(time.time()))
+        self._chunks = self.size = 0
+
+    async def write(self, data: bytes) -> None:
+        self._pending += data
+        self.size += len(data)
+        while len(self._pending) >= CHUNK_BYTES:
+            await self._flush(bytes(self._pending[:CHUNK_BYTES]))
+            del self._pending[:CHUNK_BYTES]
+
+    async def _flush(self, chunk: bytes) -> None:
+        key = self._files._keys.file_chunk(self._id, self._chunks)
+        await self._files._store.set(key, chunk, ex=self._ttl)
+        self._chunks += 1
+
+    async def commit(self, meta: FileMeta) -> None:
+        if self._pending:
+            await self._flush(bytes(self._pending))
+            self._pending.clear()
+        await self._files._index(meta, self._chunks, self._ttl)
+
+    async def discard(self) -> None:
+        for index in range(self._chunks):
+            await self._files._store.delete(self._files._keys.file_chunk(self._id, index))
+
+
 class DiskFiles:
     """`<dir>/<id>` holds the bytes, `<id>.json` the metadata, written after the bytes and
     renamed into place, so a reader never sees half a file."""
@@ -145,14 +195,13 @@ class DiskFiles:
         self._dir = folder.expanduser()
         self._dir.mkdir(parents=True, exist_ok=True)
 
-    def _write(self, meta: FileMeta, data: bytes) -> None:
-        for name, payload in ((meta.id, data), (f"{meta.id}.json", orjson.dumps(asdict(meta)))):
-            partial = self._dir / f"{name}.partial"
-            partial.write_bytes(payload)
-            partial.replace(self._dir / name)
-
     async def put(self, meta: FileMeta, data: bytes) -> None:
-        await asyncio.to_thread(self._write, meta, data)
+        writer = self.writer(meta.id, meta.expires_at)
+        await writer.write(data)
+        await writer.commit(meta)
+
+    def writer(self, file_id: str, expires_at: int | None) -> _DiskWriter:
+        return _DiskWriter(self._dir, file_id)
 
     def _read_meta(self, file_id: str) -> FileMeta | None:
         path = self._dir / f"{file_id}.json"
@@ -184,6 +233,37 @@ class DiskFiles:
             return sorted((m for m in found if m and m.owner == owner), key=lambda m: m.created_at)
 
         return await asyncio.to_thread(scan)
+
+
+class _DiskWriter:
+    """Appends to `<id>.partial`; the commit renames it into place, then writes the
+    metadata the same way, so a reader never sees half a file."""
+
+    def __init__(self, folder: Path, file_id: str) -> None:
+        self._dir, self._id, self.size = folder, file_id, 0
+        self._partial = folder / f"{file_id}.partial"
+        self._partial.unlink(missing_ok=True)
+
+    def _append(self, data: bytes) -> None:
+        with self._partial.open("ab") as out:
+            out.write(data)
+
+    async def write(self, data: bytes) -> None:
+        await asyncio.to_thread(self._append, data)
+        self.size += len(data)
+
+    def _commit(self, meta: FileMeta) -> None:
+        self._partial.touch()  # an empty file is a file
+        self._partial.replace(self._dir / self._id)
+        partial = self._dir / f"{self._id}.json.partial"
+        partial.write_bytes(orjson.dumps(asdict(meta)))
+        partial.replace(self._dir / f"{self._id}.json")
+
+    async def commit(self, meta: FileMeta) -> None:
+        await asyncio.to_thread(self._commit, meta)
+
+    async def discard(self) -> None:
+        await asyncio.to_thread(self._partial.unlink, True)
 
 
 def _safe_id(file_id: str) -> bool:

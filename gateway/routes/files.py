@@ -55,7 +55,7 @@ async def create(request: Request) -> Response:
         raise InvalidRequest(message, param="file")
     if not data:
         raise InvalidRequest("the file is empty", param="file")
-    meta = file_meta(new_file_id(), data, filename, "batch", owner)
+    meta = file_meta(new_file_id(), len(data), filename, "batch", owner)
     await services.files.put(meta, data)
     return json_response(meta.object())
 

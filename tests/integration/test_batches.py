@@ -186,22 +186,30 @@ def test_a_chat_batch_is_token_identical_to_greedy_online_answers(fleet) -> None
         assert body["choices"][0]["message"]["content"] == online.choices[0].message.content
 
 
-def test_a_line_the_route_refuses_goes_to_the_error_file_with_its_answer(fleet) -> None:
+def test_a_line_the_route_refuses_goes_to_the_error_file_with_its_answer(
+    fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """... in input order in each file, as the files are written a page of lines at a time
+    (pages of 2 here: the drivers run in this process)."""
+    monkeypatch.setattr("gateway.batch_run.FINALIZE_PAGE", 2)
     _, url, _ = fleet
     client = client_of(url)
-    lines = embedding_lines(3, "mixed")
-    lines[1]["body"] = {"input": []}  # the route's 4xx, not the file's problem
+    lines = embedding_lines(5, "mixed")
+    for refused in (1, 3):
+        lines[refused]["body"] = {"input": []}  # the route's 4xx, not the file's problem
     batch = client.batches.create(
         input_file_id=upload(client, lines), endpoint="/v1/embeddings", completion_window="24h"
     )
     batch = finished(client, batch.id)
     assert batch.status == "completed"
-    assert batch.request_counts.model_dump() == {"total": 3, "completed": 2, "failed": 1}
+    assert batch.request_counts.model_dump() == {"total": 5, "completed": 3, "failed": 2}
     errors = results(client, batch.error_file_id)
-    assert list(errors) == ["mixed-1"]
+    assert list(errors) == ["mixed-1", "mixed-3"]
     response = errors["mixed-1"]["response"]
     assert 400 <= response["status_code"] < 500 and "error" in response["body"]
-    assert sorted(results(client, batch.output_file_id)) == ["mixed-0", "mixed-2"]
+    assert list(results(client, batch.output_file_id)) == ["mixed-0", "mixed-2", "mixed-4"]
+    stored = client.files.retrieve(batch.output_file_id)
+    assert stored.bytes == len(client.files.content(batch.output_file_id).content)
 
 
 def test_a_file_with_bad_lines_fails_its_batch_listing_each_problem(fleet) -> None:
