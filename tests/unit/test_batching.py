@@ -510,3 +510,127 @@ def test_a_slice_before_a_cost_model_is_a_quarter_of_the_batch_size_and_one_row_
     queue = [bg(i, 20) for i in range(3)]
     decision = next_batch({128: queue}, 1.0, limits, Load(online_idle_s=0.1))
     assert isinstance(decision, Batch) and len(decision.keys) == 1
+
+
+# Auto wait, one input at a time (the rate, the cost, the busy streams).
+ONE = [waiting(0, 10, at=1.0)]
+
+
+def test_auto_wait_runs_at_once_when_its_bucket_has_no_measured_rate() -> None:
+    """A bucket missing from the rates counts as no arrivals, however large the overhead."""
+    load = Load(Cost(2.0, 1e-5), {256: 1000.0}, computing=1)
+    decision = next_batch({128: ONE}, 1.0, AUTO, load)
+    assert isinstance(decision, Batch) and decision.trigger == "wait"
+
+
+def test_auto_wait_runs_at_once_at_a_measured_rate_of_zero() -> None:
+    """A rate of exactly zero expects no arrival: run now (no gap of 1/0 is computed)."""
+    load = Load(Cost(2.0, 1e-5), {128: 0.0}, computing=1)
+    decision = next_batch({128: ONE}, 1.0, AUTO, load)
+    assert isinstance(decision, Batch) and decision.trigger == "wait"
+
+
+def test_auto_wait_at_one_arrival_a_second_waits_a_quarter_of_the_latency_target() -> None:
+    """A rate of 1/s still pays under a 2 s overhead; the wait is capped at oldest + slo/4."""
+    load = Load(Cost(2.0, 1e-5), {128: 1.0}, computing=1)
+    assert next_batch({128: ONE}, 1.0, AUTO, load) == Wait(pytest.approx(1.025, abs=1e-12))
+
+
+def test_auto_wait_without_a_cost_model_runs_at_once_even_at_a_high_rate() -> None:
+    """No fitted overhead: nothing says waiting pays, whatever the rate and the busy streams."""
+    load = Load(None, {128: 1000.0}, computing=1)
+    decision = next_batch({128: ONE}, 1.0, AUTO, load)
+    assert isinstance(decision, Batch) and decision.trigger == "wait"
+
+
+def test_auto_wait_uses_the_buckets_own_cost() -> None:
+    """Only the bucket's fitted overhead is known (no overall fit): it makes the wait pay."""
+    load = Load(None, {128: 1000.0}, computing=1, bucket_costs={128: Cost(0.004, 1e-5)})
+    assert next_batch({128: ONE}, 1.0, AUTO, load) == Wait(pytest.approx(1.001))
+
+
+def test_auto_wait_runs_at_once_when_the_gap_equals_the_overhead_per_member() -> None:
+    """A gap of exactly fixed / size no longer pays: 4 ms at 250/s against 4 ms of overhead."""
+    load = Load(Cost(0.004, 1e-5), {128: 250.0}, computing=1)
+    decision = next_batch({128: ONE}, 1.0, AUTO, load)
+    assert isinstance(decision, Batch) and decision.trigger == "wait"
+
+
+def test_auto_wait_divides_the_overhead_among_the_members() -> None:
+    """Two queued: a 3 ms gap is past 4 ms / 2, so they run now (it would pay for one alone)."""
+    load = Load(Cost(0.004, 1e-5), {128: 1 / 0.003}, computing=1)
+    two = [waiting(0, 10, at=1.0), waiting(1, 10, at=1.0)]
+    decision = next_batch({128: two}, 1.0, AUTO, load)
+    assert isinstance(decision, Batch) and decision.keys == (0, 1)
+    assert isinstance(next_batch({128: ONE}, 1.0, AUTO, load), Wait)
+
+
+# Growing a batch around its anchor.
+
+
+def test_the_anchor_is_found_by_identity_among_rows_that_tie_on_length_and_arrival() -> None:
+    """Rows of one entry queued in reverse key order: the batch of one is the lowest key."""
+    limits = Limits(max_batch_size=1, max_batch_tokens=1024, max_wait_s=0.0)
+    queue = [waiting(key, 10) for key in (4, 3, 2, 1)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and (decision.keys, decision.trigger) == ((1,), "size")
+
+
+def test_rows_of_equal_length_always_join_under_a_cost_model() -> None:
+    """Equal lengths add no padding, so even a token-bound cost takes all three rows."""
+    queue = [waiting(i, 10, at=i * 0.001) for i in range(3)]
+    decision = next_batch({128: queue}, 1.0, LIMITS, Load(Cost(1e-5, 1e-3)))
+    assert isinstance(decision, Batch)
+    assert (decision.keys, decision.trigger) == ((0, 1, 2), "wait")
+
+
+def test_a_join_that_keeps_real_tokens_per_second_equal_is_taken() -> None:
+    """With no fixed overhead, a second 10-token row leaves tokens per second unchanged."""
+    queue = [waiting(0, 10, at=0.0), waiting(1, 10, at=0.001)]
+    decision = next_batch({128: queue}, 1.0, LIMITS, Load(Cost(0.0, 2**-10)))
+    assert isinstance(decision, Batch) and decision.keys == (0, 1)
+
+
+def test_the_neighbour_with_less_padding_joins_whichever_side_it_is_on() -> None:
+    """Anchor 10 between 9 and 15: the 9 pads 5 %, the 15 pads 17 %; the 9 joins."""
+    limits = Limits(max_batch_size=2, max_batch_tokens=1024, max_wait_s=0.0)
+    queue = [waiting(0, 10, at=0.0), waiting(1, 9, at=0.1), waiting(2, 15, at=0.2)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and (decision.keys, decision.trigger) == ((0, 1), "size")
+
+
+def test_on_a_tie_the_shorter_neighbour_joins() -> None:
+    """Anchor 10 between 5 and 20: both pad exactly 25 %; the shorter one joins."""
+    limits = Limits(max_batch_size=2, max_batch_tokens=1024, max_wait_s=0.0)
+    queue = [waiting(0, 10, at=0.0), waiting(1, 5, at=0.1), waiting(2, 20, at=0.2)]
+    decision = next_batch({128: queue}, 1.0, limits)
+    assert isinstance(decision, Batch) and decision.keys == (0, 1)
+
+
+# Choosing among buckets.
+
+
+def test_an_empty_bucket_does_not_hide_a_ready_one_after_it() -> None:
+    """An empty queue is skipped and the next bucket still decides."""
+    decision = next_batch({128: [], 256: [waiting(1, 200, at=0.0)]}, 1.0, LIMITS)
+    assert isinstance(decision, Batch) and (decision.bucket, decision.keys) == (256, (1,))
+
+
+def test_a_waiting_bucket_does_not_hide_a_ready_one_after_it() -> None:
+    """A bucket still waiting is passed over for a later bucket that is ready."""
+    queues = {128: [waiting(1, 10, at=1.0)], 256: [waiting(2, 200, at=0.5)]}
+    decision = next_batch(queues, 1.005, LIMITS)
+    assert isinstance(decision, Batch) and (decision.bucket, decision.keys) == (256, (2,))
+
+
+def test_the_wait_is_until_the_earliest_deadline_of_all_waiting_buckets() -> None:
+    """Two buckets waiting: wake at the first one's deadline (1.010), not the last's (1.015)."""
+    queues = {128: [waiting(1, 10, at=1.0)], 256: [waiting(2, 200, at=1.005)]}
+    assert next_batch(queues, 1.006, LIMITS) == Wait(pytest.approx(1.010))
+
+
+def test_of_two_equally_urgent_ready_buckets_the_first_one_goes() -> None:
+    """Same class, same arrival: the tie goes to the bucket met first."""
+    queues = {128: [waiting(1, 10, at=0.0)], 256: [waiting(2, 200, at=0.0)]}
+    decision = next_batch(queues, 1.0, LIMITS)
+    assert isinstance(decision, Batch) and decision.bucket == 128

@@ -143,3 +143,108 @@ def test_limits_come_from_the_settings_field_by_field() -> None:
     assert Limits.from_settings(settings) == Limits(7, 9000, 0.012, 0.25, 0.3, 0.04)
     assert Limits.from_settings(Settings(max_wait_ms="auto")).max_wait_s is None
     assert EngineLimits.from_settings(settings) == EngineLimits(5, 300, 4096, 8, False)
+
+
+def test_cost_by_default_fits_from_eight_batches() -> None:
+    """Eight batches of different sizes are enough for the default fit."""
+    cost = BatchCost()
+    for padded in range(100, 900, 100):
+        cost.observe(padded, 0.004 + 2e-5 * padded)
+    fit = cost.estimate()
+    assert fit is not None and fit.fixed_s == pytest.approx(0.004, rel=1e-6)
+
+
+def test_cost_by_default_forgets_all_but_the_last_128_batches() -> None:
+    """After 128 batches on one line and 128 on another, only the second line is left."""
+    cost = BatchCost()
+    for padded in range(100, 12900, 100):
+        cost.observe(padded, 0.002 + 1e-5 * padded)
+    for padded in range(100, 12900, 100):
+        cost.observe(padded, 0.008 + 3e-5 * padded)
+    fit = cost.estimate()
+    assert fit is not None
+    assert fit.fixed_s == pytest.approx(0.008, rel=1e-6)
+    assert fit.per_token_s == pytest.approx(3e-5, rel=1e-9)
+
+
+def test_cost_with_no_batches_is_none_without_fitting() -> None:
+    """Asked before any batch (even with no minimum), the estimate is None: nothing is fitted."""
+    assert BatchCost(min_batches=0).estimate() is None
+
+
+def test_cost_is_fitted_once_per_new_batch_not_once_per_question() -> None:
+    """Asked before every batch: the fit runs again only after a new observation."""
+    cost = BatchCost(min_batches=2)
+    fits = []
+    fit = cost._fit
+    cost._fit = lambda: fits.append(1) or fit()  # type: ignore[method-assign]
+    cost.observe(100, 0.003)
+    cost.observe(200, 0.005)
+    first, second = cost.estimate(), cost.estimate()
+    assert first is not None and first == second and len(fits) == 1
+    cost.observe(300, 0.007)
+    assert cost.estimate() is not None and len(fits) == 2
+
+
+def test_cost_spread_of_exactly_the_threshold_is_enough() -> None:
+    """Sizes 999 and 1001, four each: variance 8 = 1e-6 x mean^2 x n, the bound, fits."""
+    cost = BatchCost()
+    for padded in (999, 1001) * 4:
+        cost.observe(padded, 0.001 * padded)
+    fit = cost.estimate()
+    assert fit is not None and fit.per_token_s == pytest.approx(0.001)
+
+
+def test_cost_spread_just_under_the_threshold_is_not_enough() -> None:
+    """Seven of 1000 and one of 1001: variance 0.875 is under 1e-6 x mean^2 x n (about 8)."""
+    cost = BatchCost()
+    for padded in (1000,) * 7 + (1001,):
+        cost.observe(padded, 0.001 * padded)
+    assert cost.estimate() is None
+
+
+def test_arrival_rate_by_default_weighs_a_new_gap_one_tenth() -> None:
+    """Gaps of 1 s then 0.5 s: the mean gap is 1 + 0.1 x (0.5 - 1) = 0.95 s."""
+    rate = ArrivalRate()
+    for at in (0.0, 1.0, 1.5):
+        rate.observe(at)
+    assert rate.per_second(1.5) == pytest.approx(1 / 0.95, rel=1e-12)
+
+
+def test_arrival_rate_by_default_caps_a_gap_at_ten_seconds() -> None:
+    """A 20 s gap counts as 10 s in the mean (and the silence since is none)."""
+    rate = ArrivalRate()
+    rate.observe(0.0)
+    rate.observe(20.0)
+    assert rate.per_second(20.0) == pytest.approx(0.1, rel=1e-12)
+
+
+def test_two_rows_arriving_first_start_the_rate_with_a_gap_of_zero() -> None:
+    """The first entry's two rows: the second came 0 s after the first, a rate at once."""
+    rate = ArrivalRate()
+    rate.observe(0.0, count=2)
+    assert rate.per_second(0.5) == pytest.approx(2.0)
+
+
+def test_a_rate_of_simultaneous_arrivals_is_capped_at_a_million_a_second() -> None:
+    """A mean gap of zero asked at the last arrival divides by a floor of 1 us, not zero."""
+    rate = ArrivalRate()
+    rate.observe(0.0, count=2)
+    assert rate.per_second(0.0) == pytest.approx(1e6)
+
+
+def test_an_entrys_second_row_folds_one_zero_gap_into_the_mean() -> None:
+    """Gap 1 s, then a second row with it: weight 0.5 halves the mean gap to 0.5 s."""
+    rate = ArrivalRate(weight=0.5)
+    rate.observe(0.0)
+    rate.observe(1.0, count=2)
+    assert rate.per_second(1.0) == pytest.approx(2.0)
+
+
+def test_observations_pass_an_entrys_row_count_to_the_rate() -> None:
+    """Three rows at 0 s: a mean gap of zero, so 2 per second half a second later."""
+    from worker.encode.cost import Observations
+
+    seen = Observations([128])
+    seen.arrival(128, 0.0, count=3)
+    assert seen.rates(0.5) == {128: pytest.approx(2.0)}

@@ -72,3 +72,29 @@ def test_a_batch_without_a_duration_is_ignored() -> None:
     rate.observe(0, 0.1)
     rate.observe(8, float("nan"))
     assert rate.per_second() is None
+
+
+def test_the_rate_by_default_is_measured_from_four_batches() -> None:
+    """Four batches are a measurement, three are not."""
+    rate = ComputeRate()
+    for _ in range(3):
+        rate.observe(8, 0.1)
+    assert rate.per_second() is None
+    rate.observe(8, 0.1)
+    assert rate.per_second() == pytest.approx(80.0)
+
+
+def test_the_rate_by_default_covers_the_last_32_batches() -> None:
+    """After 32 batches of 8 rows and 32 of 16, only the 16-row batches count."""
+    rate = ComputeRate()
+    for rows in (8, 16):
+        for _ in range(32):
+            rate.observe(rows, 0.1)
+    assert rate.per_second() == pytest.approx(160.0, rel=1e-9)
+
+
+def test_a_batch_of_one_row_counts() -> None:
+    """One row in half a second is a rate of 2 rows per second."""
+    rate = ComputeRate(min_batches=1)
+    rate.observe(1, 0.5)
+    assert rate.per_second() == pytest.approx(2.0)
