@@ -265,3 +265,18 @@ def test_a_tenants_backlog_cap_admits_up_to_it_and_names_what_it_holds() -> None
     refused = admission.tenant_backlog("acme", queued=200, tokens=101, cap=300)
     assert refused is not None and refused.code == "tenant_queue_full"
     assert "'acme' has 200 tokens" in refused.message and "max_queued_tokens 300" in refused.message
+
+
+def test_a_queue_full_in_tokens_is_refused_whole_with_a_one_second_retry() -> None:
+    """The token bound's refusal is queue_full, overloaded, retry after exactly 1 s."""
+    from gateway.admission import TokenAsk
+
+    over = TokenAsk(tokens=1001, tokens_per_row=900.0, max_queued_tokens=10_000)
+    decision = admit(QueueState(depth=10, live_workers=1), 1, 4096, tokens=over)
+    assert decision == Rejected(
+        "queue_full",
+        "queue for this model holds about 9000 tokens (prompts + max_tokens); adding 1001 "
+        "would exceed max_queued_tokens 10000",
+        1.0,
+    )
+    assert isinstance(decision, Rejected) and decision.code == "overloaded"

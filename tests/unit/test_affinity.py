@@ -109,3 +109,19 @@ def test_only_workers_that_read_tenants_affinity_streams_are_sent_a_tenants_prom
     assert not router.reads_lanes("other", "new")
     router.update_loads("m", {"new": 0, "old": 0})  # a refresh that found none: none
     assert not router.reads_lanes("m", "new")
+
+
+def test_an_answered_prompt_leaves_no_in_flight_count_behind() -> None:
+    """Counts that reach zero are dropped, so the map holds only workers with prompts out."""
+    router = AffinityRouter(max_imbalance=8)
+    names = names_of(SYSTEM, "m", None)
+    router.learn(names, "a")
+    router.update_loads("m", {"a": 0})
+    router.route("m", names)
+    router.route("m", names)
+    router.answered("m", "a")
+    assert router._in_flight == {("m", "a"): 1}
+    router.answered("m", "a")
+    assert router._in_flight == {}
+    router.answered("m", "a")  # a late duplicate adds nothing either
+    assert router._in_flight == {}

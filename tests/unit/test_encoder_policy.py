@@ -138,3 +138,12 @@ def test_scores_and_vectors_are_per_row_and_float32() -> None:
     assert np.allclose(tiny, [[1.0, 0.0]])  # a small vector is scaled up, not floored
     cut = shorten(vectors, 2, normalize=False)
     assert cut.shape == (3, 2) and cut.flags["C_CONTIGUOUS"] and cut.dtype == np.float32
+
+
+def test_softmax_shifts_each_row_by_its_own_maximum_so_no_row_underflows() -> None:
+    """Rows far apart in scale each get their own softmax, not NaN from a shared shift."""
+    logits = np.array([[1000.0, 1000.0], [0.0, 0.0], [-1000.0, -1001.0]], dtype=np.float32)
+    soft = activate(logits, "softmax")
+    assert not np.isnan(soft).any()
+    assert soft[:2].tolist() == [[0.5, 0.5], [0.5, 0.5]]
+    assert np.allclose(soft[2], [1 / (1 + np.exp(-1.0)), 1 / (1 + np.exp(1.0))])

@@ -391,3 +391,45 @@ def test_a_traced_entry_keeps_its_context_and_an_untraced_one_costs_no_bytes() -
     assert traced.traceparent == GEN["traceparent"] and decode(encode(traced)) == traced
     plain = dataclasses.replace(traced, traceparent="", tracestate="")
     assert b"traceparent" not in encode(plain) and b"traceparent" in encode(traced)
+
+
+def test_a_vector_is_packed_as_little_endian_float32_whatever_its_dtype() -> None:
+    """pack_vector writes '<f4' bytes from float64 and big-endian input alike."""
+    expected = np.array([0.5, -1.25, 3.0], dtype="<f4").tobytes()
+    assert pack_vector(np.array([0.5, -1.25, 3.0], dtype=np.float64)) == expected
+    assert pack_vector(np.array([0.5, -1.25, 3.0], dtype=">f4")) == expected
+
+
+def test_rows_that_fit_is_a_whole_count_and_never_below_one() -> None:
+    """Floor division into the reply's room, and one row even when two would not fit."""
+    from common.protocol import rows_that_fit
+
+    assert rows_that_fit(1000) == 1032  # (4 MiB - 64 KiB) / 4000 B = 1032.19...
+    assert type(rows_that_fit(1000)) is int
+    assert rows_that_fit(600_000) == 1  # one 2.4 MB row fits, two do not
+    assert rows_that_fit(2_000_000) == 1  # not even one fits: still one (refused later)
+
+
+def test_a_fields_default_is_its_factorys_fresh_value_else_its_plain_default() -> None:
+    """What an older writer left out is filled with: [] and {} from factories, else the value."""
+    from common.protocol import _default
+
+    fields = dataclasses.fields(ModelInfo)
+    defaults = {
+        f.name: _default(f)
+        for f in fields
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    assert defaults == {
+        "fingerprint": "",
+        "labels": [],
+        "activation": "",
+        "normalized": False,
+        "matryoshka": False,
+        "matryoshka_dims": [],
+        "prompts": {},
+        "default_prompt": "",
+        "v": VERSION,
+    }
+    labels = next(f for f in fields if f.name == "labels")
+    assert _default(labels) is not _default(labels)  # a new list each time, never shared
