@@ -20,11 +20,13 @@ from common.cli import loadgen
 from tests.conftest import Processes, eventually, wait_ready
 from tests.integration.test_observability import sample
 
-# Observed on the test host: 0.40 MB of growth and refusals of 2.2-2.5 ms at the median; the
-# bounds leave 10x and 20x (a leak of 6 KB per refused request would pass 150 MB, the old
-# bound, but not this one).
+# Observed on the test host: 0.40 MB of growth and refusals of 2.2-2.5 ms at the median
+# against served requests' ~1 s (the queue's 20 entries at 20 a second); the memory bound
+# leaves 10x (a leak of 6 KB per refused request would pass 150 MB, the old bound, but not
+# this one); a refusal must take under a quarter of a served request's time (a refusal after
+# a wait in the queue would take as long), which leaves room for a starved client's delay.
 RSS_GROWTH_BOUND_MB = 4.0
-REFUSAL_BOUND_S = 0.05
+REFUSAL_SHARE = 0.25
 SUSTAINABLE_PER_S = 20  # four entries per 200 ms batch
 
 
@@ -105,6 +107,13 @@ def test_sustained_overload_is_refused_fast_and_the_gateway_memory_stays_bounded
     assert statuses[503] > statuses[200] > 0, statuses
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     refusal_s = statistics.median(s.latency_s for s in samples if s.status == 503)
-    assert refusal_s < REFUSAL_BOUND_S, f"a refusal took {refusal_s * 1000:.0f} ms at the median"
+    served_s = statistics.median(s.latency_s for s in samples if s.status == 200)
+    # refused at admission, not after a wait in the queue: judged against the served ones of
+    # the same run and client, as a host running two more test processes can slow the client
+    # itself by a hundred times (213 ms at the median once, on a clean-clone CI run)
+    assert refusal_s < served_s * REFUSAL_SHARE, (
+        f"a refusal took {refusal_s * 1000:.0f} ms at the median, a served request "
+        f"{served_s * 1000:.0f} ms"
+    )
     growth_mb = peak.peak_mb - start_mb
     assert growth_mb < RSS_GROWTH_BOUND_MB, f"gateway RSS grew {growth_mb:.0f} MB"
