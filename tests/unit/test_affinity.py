@@ -61,6 +61,7 @@ def test_the_router_counts_what_it_sent_until_it_is_answered() -> None:
 
 
 def test_answers_count_down_to_zero_and_never_below() -> None:
+    """... and a count that reaches zero is dropped: the map holds only prompts out."""
     router = AffinityRouter(max_imbalance=8)
     names = names_of(SYSTEM, "m", None)
     router.learn(names, "a")
@@ -69,10 +70,13 @@ def test_answers_count_down_to_zero_and_never_below() -> None:
     router.route("m", names)
     router.answered("m", "a")
     assert router.loads("m") == {"a": 1}
+    assert router._in_flight == {("m", "a"): 1}
     router.answered("m", "a")
     assert router.loads("m") == {"a": 0}
+    assert router._in_flight == {}
     router.answered("m", "a")  # a late or duplicate answer: still none in flight, not -1
     assert router.loads("m") == {"a": 0}
+    assert router._in_flight == {}  # and adds nothing back
     router.answered("m", "b")  # a worker it never sent to
     assert router.loads("m") == {"a": 0}
 
@@ -109,19 +113,3 @@ def test_only_workers_that_read_tenants_affinity_streams_are_sent_a_tenants_prom
     assert not router.reads_lanes("other", "new")
     router.update_loads("m", {"new": 0, "old": 0})  # a refresh that found none: none
     assert not router.reads_lanes("m", "new")
-
-
-def test_an_answered_prompt_leaves_no_in_flight_count_behind() -> None:
-    """Counts that reach zero are dropped, so the map holds only workers with prompts out."""
-    router = AffinityRouter(max_imbalance=8)
-    names = names_of(SYSTEM, "m", None)
-    router.learn(names, "a")
-    router.update_loads("m", {"a": 0})
-    router.route("m", names)
-    router.route("m", names)
-    router.answered("m", "a")
-    assert router._in_flight == {("m", "a"): 1}
-    router.answered("m", "a")
-    assert router._in_flight == {}
-    router.answered("m", "a")  # a late duplicate adds nothing either
-    assert router._in_flight == {}
