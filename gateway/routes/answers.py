@@ -12,6 +12,7 @@ from common.protocol import GenerationChunk
 from gateway.backlog_store import Reservation
 from gateway.quota_store import Charge
 from gateway.routes import logprobs
+from gateway.services import Services
 from gateway.submit import Entries
 from gateway.tokenize import ModelTokenizer
 from gateway.tool_calls import ToolUse
@@ -134,6 +135,13 @@ class Submitted:
     @property
     def ids(self) -> list[str]:
         return self.entries.ids
+
+
+def hand_back(services: Services, sub: Submitted, used_tokens: int) -> None:
+    """What an ended answer's tenant was held to: its tokens charge settled to what it used,
+    its backlog released (each in the background; nothing for a call without a tenant)."""
+    services.quotas.settle(sub.charge, used_tokens)
+    services.backlogs.release(sub.reserved)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

@@ -29,7 +29,7 @@ from common.protocol import (
 from common.response_format import grammar_problem
 from gateway.catalog import ModelEntry
 from gateway.request import Parsed, api_call
-from gateway.routes.answers import Format, Shape, Submitted, whole_body
+from gateway.routes.answers import Format, Shape, Submitted, hand_back, whole_body
 from gateway.routes.sampling import (
     MAX_SCHEMA_BYTES,
     check_min_tokens,
@@ -233,8 +233,7 @@ async def finished(parsed: Parsed, sub: Submitted, choices: int) -> list[Generat
         tenant_used(parsed.call, prompt, generated, max(c.queue_ms for c in finals))
     finally:
         services.routes_answered(sub.entries.model, sub.owners)
-        services.quotas.settle(sub.charge, used)
-        services.backlogs.release(sub.reserved)
+        hand_back(services, sub, used)
     for entry_id, names in zip(sub.ids, sub.routed, strict=True):
         worker = next((c.worker for c in finals if c.id == entry_id), None)
         if worker:

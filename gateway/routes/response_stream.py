@@ -21,7 +21,7 @@ from common.errors import MicrobatchError
 from common.streams import id_order
 from gateway.responses.events import Events
 from gateway.responses.store import TERMINAL, ResponseStore, stored_reply
-from gateway.routes.answers import Submitted
+from gateway.routes.answers import Submitted, hand_back
 from gateway.services import Services
 from gateway.submit import enqueue_within
 
@@ -61,9 +61,7 @@ def live(services: Services, events: Events, sub: Submitted, finished: Finished)
                 yield sse(event)
         finally:
             services.routes_answered(model, sub.owners)
-            services.backlogs.release(sub.reserved)
-            used = sum(sub.prompt_tokens) + events.fold.completion_tokens
-            services.quotas.settle(sub.charge, used)
+            hand_back(services, sub, sum(sub.prompt_tokens) + events.fold.completion_tokens)
         if events.final is not None:
             await finished(events)
 

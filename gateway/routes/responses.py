@@ -36,6 +36,7 @@ from gateway.responses.finisher import identity_fields, identity_of, replay
 from gateway.responses.schema import CreateResponse
 from gateway.responses.store import TERMINAL
 from gateway.routes import response_stream as relay
+from gateway.routes.answers import hand_back
 from gateway.routes.chat import chat_prompt
 from gateway.routes.generation import Prompts, finished, queued
 from gateway.routes.objects import (
@@ -160,8 +161,7 @@ async def _background(parsed: Parsed[CreateResponse], turn: _Turn) -> Response:
     except MicrobatchError:
         services.canceller.cancel(entries.model, sub.ids, entries.deadline_ms)
         await services.responses.delete(who.response_id)
-        services.backlogs.release(sub.reserved)  # never queued: nobody else will hand back
-        services.quotas.settle(sub.charge, sum(sub.prompt_tokens))
+        hand_back(services, sub, sum(sub.prompt_tokens))  # never queued: nobody else will
         raise
     finally:
         services.routes_answered(entries.model, sub.owners)

@@ -24,7 +24,7 @@ from common.errors import (
 )
 from common.protocol import ErrorReply, GenerationChunk
 from gateway.call_stream import CallStream
-from gateway.routes.answers import Format, Submitted, usage
+from gateway.routes.answers import Format, Submitted, hand_back, usage
 from gateway.schemas import GenerationParams
 from gateway.services import Services
 from gateway.stream_order import ChoiceState, follow
@@ -95,8 +95,7 @@ class _Relay:
         finally:
             self.services.routes_answered(self.sub.entries.model, self.sub.owners)
             generated = sum(s.completion_tokens for s in self.states.values())
-            self.services.quotas.settle(self.sub.charge, sum(self.sub.prompt_tokens) + generated)
-            self.services.backlogs.release(self.sub.reserved)
+            hand_back(self.services, self.sub, sum(self.sub.prompt_tokens) + generated)
 
     async def _events(self, items: list[tuple[str, bytes]]) -> AsyncIterator[bytes]:
         entries = self.sub.entries
