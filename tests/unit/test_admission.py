@@ -280,3 +280,49 @@ def test_a_queue_full_in_tokens_is_refused_whole_with_a_one_second_retry() -> No
         1.0,
     )
     assert isinstance(decision, Rejected) and decision.code == "overloaded"
+
+
+def test_a_per_model_mean_observed_answers_the_models_new_mean() -> None:
+    """What the gateway sizes a generation request's token ask with (it asserts not None)."""
+    from gateway.admission import PerModelMean
+
+    mean = PerModelMean(default=None)
+    assert mean.observe("m", 800, 2) == 400
+    assert mean.observe("m", 4000, 1) == pytest.approx(400 + 0.05 * 3600)
+    assert mean.observe("m", 0, 0) == mean.of("m")  # nothing to fold in: the mean as it was
+
+
+def test_a_cold_start_of_exactly_the_queues_share_of_the_deadline_is_queued() -> None:
+    """8 s to start against a 10 s deadline: the queue's four fifths are met, not exceeded."""
+    cold = QueueState(depth=0, live_workers=0, cold_start_ms=8000)
+    assert admit(cold, 1, 100, timeout_ms=10_000) == Admitted()
+    assert isinstance(admit(cold, 1, 100, timeout_ms=9_999), Rejected)
+
+
+@pytest.mark.parametrize(
+    ("cold_start_ms", "timeout_ms", "retry_after_s"),
+    [(6000, 6000, 6.0), (1500, 1000, 1.5), (500, 500, 1.0), (90_000, 60_000, 60.0)],
+)
+def test_no_worker_in_time_is_refused_whole_with_the_start_as_the_retry(
+    cold_start_ms: int, timeout_ms: int, retry_after_s: float
+) -> None:
+    """The retry is the worker's start, at least a second and at most a minute; the message
+    names both the start and this request's deadline."""
+    state = QueueState(depth=0, live_workers=0, cold_start_ms=cold_start_ms)
+    assert admit(state, 1, 100, timeout_ms=timeout_ms) == Rejected(
+        "no_workers",
+        f"no live worker serves this model right now, and one takes about {cold_start_ms} ms "
+        f"to start: more than this request's {timeout_ms} ms deadline allows",
+        retry_after_s,
+        code="no_workers",
+    )
+
+
+def test_a_tenants_backlog_refusal_is_whole_with_a_one_second_retry() -> None:
+    assert admission.tenant_backlog("acme", queued=200, tokens=101, cap=300) == Rejected(
+        "tenant_queue_full",
+        "tenant 'acme' has 200 tokens (prompts + max_tokens) queued for this model; adding "
+        "101 would exceed its max_queued_tokens 300",
+        1.0,
+        code="tenant_queue_full",
+    )

@@ -76,22 +76,40 @@ def test_an_attempt_that_says_something_else_fails_the_response() -> None:
     fold = Fold()
     fold.feed(chunk("The quick", 0, "a"))
     assert fold.feed(chunk("A slow", 0, "b")) == ""
-    assert fold.error is not None and "different text" in fold.error["message"]
+    assert fold.error == {
+        "code": "server_error",
+        "message": "a worker restarted this response after 9 characters and generated "
+        "different text",
+    }
     assert fold.feed(chunk(" more", 1, "a")) == ""  # nothing after the end
 
 
-def test_a_missing_chunk_fails_the_response() -> None:
+@pytest.mark.parametrize(("late", "gap"), [(2, "1..1"), (4, "1..3")])
+def test_a_missing_chunk_fails_the_response_naming_the_gap(late: int, gap: str) -> None:
     fold = Fold()
-    fold.feed(chunk("a", 0))
-    fold.feed(chunk("c", 2))
-    assert fold.error is not None and "never arrived" in fold.error["message"]
+    assert fold.feed(chunk("a", 0)) == "a"
+    assert fold.feed(chunk("c", late)) == ""
+    assert fold.error == {"code": "server_error", "message": f"chunks {gap} never arrived"}
 
 
-def test_an_error_reply_ends_it_failed() -> None:
+def test_an_error_reply_ends_it_failed_and_says_nothing() -> None:
     fold = Fold()
     reply = ErrorReply(id="e.0", status=500, type="t", code="c", message="boom", worker="w")
-    fold.feed(reply)
+    assert fold.feed(reply) == ""
     assert fold.done and fold.error == {"code": "server_error", "message": "boom"}
+
+
+def test_what_was_generated_is_counted_before_the_end_and_a_restart_does_not_lower_it() -> None:
+    """A stream cut short settles its tenant's charge by what was generated so far; the
+    restarted attempt re-saying the start reports fewer tokens, which must not undo that."""
+    fold = Fold()
+    fold.feed(chunk("The ", 0, "a"))
+    fold.feed(chunk("quick", 1, "a"))
+    assert (fold.completion_tokens, fold.prompt_tokens, fold.cached_tokens) == (2, 5, 2)
+    fold.feed(chunk("The ", 0, "b"))
+    assert fold.completion_tokens == 2 and fold.worker == "b" and not fold.done
+    fold.feed(chunk("quick brown", 1, "b", finish="stop", done=3))
+    assert fold.said == "The quick brown" and fold.completion_tokens == 3
 
 
 def _events(tools: ToolUse | None = None, background: bool = False) -> Events:
