@@ -49,12 +49,17 @@ async def lane_tenants(store: Store, keys: Keys, model: str) -> dict[str, float]
 
 
 async def queue_length(store: Store, keys: Keys, model: str, buckets: Sequence[int]) -> int:
-    """A model's entries waiting or running, over its bucket streams and its tenants' lanes:
-    one round trip after the lanes are known (they share a Cluster slot)."""
+    """A model's entries waiting or running, over its bucket streams, its tenants' lanes and
+    its generation workers' affinity streams: one round trip after the lanes and the
+    workers are known (they share a Cluster slot)."""
     tenants = await lane_tenants(store, keys, model)
+    workers = await store.hgetall(keys.load(model)) or {}
     pipe = pipeline(store)
     for bucket in buckets:
         pipe.xlen(keys.request(model, bucket))
         for tenant in tenants:
             pipe.xlen(keys.lane(model, bucket, tenant))
+    for worker in map(as_text, workers):
+        for each in (None, *tenants):
+            pipe.xlen(keys.affinity(model, worker, each))
     return sum(int(n) for n in await pipe.execute())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from common import lane_streams, metrics, streams
+from common import affinity_streams, lane_streams, metrics, streams
 from common.clock import wall_ms
 from common.protocol import ModelInfo, ProtocolError, decode
 from common.store import Store
@@ -36,14 +36,25 @@ class ModelStatus:
     dead_letters: int
     workers: list[WorkerStatus]
     lanes: dict[str, int] = field(default_factory=dict)  # per tenant lane: its depth
+    # a generation model's prompts routed to the workers that cache their prefixes, waiting
+    # in those workers' affinity streams (any length: bucket 0); None for other models
+    affinity: BucketStatus | None = None
 
     @property
     def live_workers(self) -> int:
         return sum(w.live for w in self.workers)
 
     @property
+    def queues(self) -> list[BucketStatus]:
+        """Every queue of the model: its buckets, then its affinity streams when it has any."""
+        return self.buckets if self.affinity is None else [*self.buckets, self.affinity]
+
+    @property
     def depth(self) -> int:
-        return sum(b.depth for b in self.buckets)
+        return sum(b.depth for b in self.queues)
+
+
+AFFINITY = 0  # the bucket number that stands for a model's affinity streams
 
 
 def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketStatus:
@@ -76,7 +87,26 @@ async def model_status(
     beats = await streams.worker_beats(store, keys, name)
     workers = [WorkerStatus(w, (now_ms - ms) / 1000, now_ms - ms <= stale_ms) for w, ms in beats]
     dead = await streams.stream_length(store, keys.dead(name))
-    return ModelStatus(name, kind, rows, dead, workers, lanes)
+    affinity = await _affinity_status(store, keys, name, list(tenants), now_ms)
+    return ModelStatus(name, kind, rows, dead, workers, lanes, affinity)
+
+
+async def _affinity_status(
+    store: Store, keys: streams.Keys, model: str, tenants: list[str], now_ms: int
+) -> BucketStatus | None:
+    """Every affinity stream of the model's generation workers (their own, and each tenant's)
+    as one queue: prompts waiting there are work the bucket streams do not show, so without
+    this the gauges, `microbatch status`, admission and KEDA would all miss them."""
+    workers = await affinity_streams.worker_loads(store, keys, model)
+    if not workers:
+        return None
+    info = streams.GroupInfo(0, 0, 0, None, 0)
+    for worker in sorted(workers):
+        for tenant in (None, *tenants):
+            stream = await streams.group_info(store, keys.affinity(model, worker, tenant))
+            if stream.length or stream.entries_read is not None:  # never written: nothing
+                info = lane_streams.merged(info, stream)
+    return bucket_status(AFFINITY, info, now_ms)
 
 
 async def collect(
@@ -99,8 +129,8 @@ def export_gauges(models: list[ModelStatus]) -> None:
     for model in models:
         metrics.workers.labels(model.model).set(model.live_workers)
         metrics.dead_letter_depth.labels(model.model).set(model.dead_letters)
-        for b in model.buckets:
-            labels = (model.model, str(b.bucket))
+        for b in model.queues:
+            labels = (model.model, "affinity" if b.bucket == AFFINITY else str(b.bucket))
             metrics.queue_depth.labels(*labels).set(b.depth)
             metrics.queue_lag.labels(*labels).set(b.lag)
             metrics.queue_pending.labels(*labels).set(b.pending)

@@ -113,7 +113,7 @@ def _delivered(then: Counters, now: Counters) -> int | None:
 def _counters(state: ModelStatus) -> Counters | None:
     """Each bucket's counter; a bucket Redis cannot count is fine only while it is empty."""
     counters = {}
-    for b in state.buckets:
+    for b in state.queues:
         if b.entries_read is not None:
             counters[b.bucket] = b.entries_read
         elif b.depth > 0:
@@ -201,7 +201,7 @@ class Catalog:
             )
             statuses.append(state)
             rate = self._rates.setdefault(name, DeliveryRate()).observe(
-                time.monotonic(), _counters(state), any(b.lag > 0 for b in state.buckets)
+                time.monotonic(), _counters(state), any(b.lag > 0 for b in state.queues)
             )
             cold = await streams.cold_start_ms(self._store, self._keys, name)
             live = {w.name for w in state.workers if w.live}

@@ -6,6 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
+from common.status import AFFINITY
+
 
 def status_table(models: list) -> Any:
     table = Table(title="microbatch queues")
@@ -19,13 +21,13 @@ def status_table(models: list) -> Any:
             )
             or "none"
         )
-        for i, b in enumerate(m.buckets):
+        for i, b in enumerate(m.queues):
             oldest = "-" if b.oldest_age_s is None else f"{b.oldest_age_s:.1f}s"
             lag = str(b.lag) + ("" if b.lag_from_redis else "*")
             first = i == 0
             table.add_row(
                 m.model if first else "",
-                str(b.bucket),
+                "affinity" if b.bucket == AFFINITY else str(b.bucket),
                 str(b.depth),
                 lag,
                 str(b.pending),
@@ -33,7 +35,10 @@ def status_table(models: list) -> Any:
                 str(m.dead_letters) if first else "",
                 workers if first else "",
             )
-    table.caption = "depth = waiting + in progress; * lag derived as depth - pending"
+    table.caption = (
+        "depth = waiting + in progress; * lag derived as depth - pending; "
+        "affinity = prompts routed to the workers caching their prefixes"
+    )
     return table
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
-from common import affinity_streams, streams
+from common import affinity_streams, lane_streams, status, streams
 from common.keys import Keys
 from common.settings import Settings
 from common.store import close_store, open_store
@@ -157,6 +158,51 @@ def test_a_dead_workers_tenant_streams_are_adopted_then_forgotten_once_empty(
     }
     assert kept and forgotten
     assert laned == set()  # forgotten with its streams: no gateway routes there again
+
+
+def test_prompts_waiting_in_affinity_streams_are_counted_as_queued_work(redis_url: str) -> None:
+    """Affine prompts wait outside the bucket streams. The status, the gauges KEDA scales on
+    (bucket "affinity"), admission's depth and the batch feeder's gate all count them: before,
+    a fleet whose traffic was all multi-turn chats looked idle and was scaled in."""
+
+    async def scenario(url: str) -> tuple[status.ModelStatus, int]:
+        store, keys = open_store(Settings(redis_url=url, prefix=PREFIX)), Keys(PREFIX)
+        try:
+            await store.hset(keys.lanes("queued"), "a", "1.0")
+            await store.hset(keys.load("queued"), mapping={"w0": "0 1", "w1": "0 1"})
+            await store.xadd(keys.request("queued", 128), {"e": b"x"})
+            for stream in (keys.affinity("queued", "w0"), keys.affinity("queued", "w1", "a")):
+                await store.xgroup_create(stream, streams.GROUP, id="0", mkstream=True)
+                for _ in range(3):
+                    await store.xadd(stream, {"e": b"x"})
+                await store.xreadgroup(streams.GROUP, "w", {stream: ">"}, 1)  # one in progress
+            found = await status.model_status(store, keys, "queued", "causal_lm", [128], 1000)
+            total = await lane_streams.queue_length(store, keys, "queued", [128])
+            return found, total
+        finally:
+            await close_store(store)
+
+    found, total = asyncio.run(scenario(redis_url))
+    assert found.affinity is not None
+    assert (found.affinity.depth, found.affinity.pending, found.affinity.lag) == (6, 2, 4)
+    assert found.affinity.entries_read == 2  # what the delivery rate counts
+    assert found.depth == 7 and total == 7
+    status.export_gauges([found])
+    gauge = {"model": "queued", "bucket": "affinity"}
+    assert REGISTRY.get_sample_value("microbatch_queue_lag", gauge) == 4
+
+
+def test_a_model_without_affinity_streams_has_no_affinity_row(redis_url: str) -> None:
+    async def scenario(url: str) -> status.ModelStatus:
+        store, keys = open_store(Settings(redis_url=url, prefix=PREFIX)), Keys(PREFIX)
+        try:
+            await store.xadd(keys.request("encoder", 128), {"e": b"x"})
+            return await status.model_status(store, keys, "encoder", "embedding", [128], 1000)
+        finally:
+            await close_store(store)
+
+    found = asyncio.run(scenario(redis_url))
+    assert found.affinity is None and found.queues == found.buckets and found.depth == 1
 
 
 async def _nothing() -> None:
