@@ -39,9 +39,10 @@ class Identity:
 
 def conclude(who: Identity, fold: Fold, completed_at: int | None) -> dict[str, Any]:
     """The finished `Response`: completed, incomplete (max_output_tokens), or failed."""
-    if fold.error is not None:
+    if fold.error is not None:  # a text answer's message was opened: closed, if empty
         partial = items.output_items(who.response_id, fold.said, [], "incomplete")
-        return who.object("failed", output=partial if fold.said else [], error=fold.error)
+        shown = fold.said or who.tools is None
+        return who.object("failed", output=partial if shown else [], error=fold.error)
     cut = fold.finish_reason == "length"
     found = None
     if who.tools is not None and (not cut or who.tools.forced):
@@ -115,12 +116,15 @@ class Events:
 
     def end_with(self, final: dict[str, Any]) -> list[dict[str, Any]]:
         """A response whose record ended it where its chunks do not say so (failed at its
-        deadline, cancelled, or its chunks expired after it ended): its last event, none for
+        deadline, cancelled, or its chunks expired after it ended): its output closed as the
+        record has it (every item the stream added is done), then its last event; none for
         a cancel (OpenAI has no such event)."""
         self.final = final
+        out = self._output_done(final["output"])
         if final["status"] == "cancelled":
-            return []
-        return [self._event(f"response.{_ENDING.get(final['status'], 'failed')}", response=final)]
+            return out
+        ending = _ENDING.get(final["status"], "failed")
+        return [*out, self._event(f"response.{ending}", response=final)]
 
     def _text_event(self, kind: str, **fields: Any) -> dict[str, Any]:
         return self._event(
@@ -133,16 +137,20 @@ class Events:
         )
 
     def _closing(self, final: dict[str, Any]) -> list[dict[str, Any]]:
+        out = self._output_done(final["output"])
+        ending = _ENDING.get(final["status"], "failed")
+        out.append(self._event(f"response.{ending}", response=final))
+        return out
+
+    def _output_done(self, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Streamed text: the message opened at the start, done. Held: each item, whole."""
         out = []
-        output = final["output"]
         if self.streams_text:
-            if output:  # the message opened at the start
+            if output:
                 out += self._message_done(output[0])
         else:
             for index, item in enumerate(output):
                 out += self._item(index, item)
-        ending = _ENDING.get(final["status"], "failed")
-        out.append(self._event(f"response.{ending}", response=final))
         return out
 
     def _message_done(self, message: dict[str, Any]) -> list[dict[str, Any]]:

@@ -60,9 +60,10 @@ class Fold:
             return ""
         new = attempt.text[len(self.said) :]
         self.said += new
-        self.prompt_tokens, self.worker = reply.prompt_tokens, reply.worker
+        if reply.attempt == next(reversed(self.attempts)):  # not a dead attempt's late chunk
+            self.prompt_tokens, self.worker = reply.prompt_tokens, reply.worker
+            self.cached_tokens = reply.cached_tokens
         self.completion_tokens = max(self.completion_tokens, reply.completion_tokens)
-        self.cached_tokens = reply.cached_tokens
         if reply.finish_reason:
             self.finish_reason = reply.finish_reason
             self.completion_tokens = reply.completion_tokens

@@ -119,22 +119,30 @@ def test_a_failure_from_outside_closes_the_text_said_so_far_as_incomplete() -> N
     )
 
 
-def test_a_failure_before_any_text_ends_with_no_output() -> None:
+def _empty_closed(error: dict) -> list[dict]:
+    """The message opened at the start, closed empty, then the failure: every item a stream
+    adds is done, so a client never holds an item that never ends."""
+    empty = _message("", "incomplete")
+    return _numbered(
+        4,
+        {"type": "response.output_text.done", **AT, "text": "", "logprobs": []},
+        {"type": "response.content_part.done", **AT, "part": _part("")},
+        {"type": "response.output_item.done", "output_index": 0, "item": empty},
+        {"type": "response.failed", "response": _response("failed", output=[empty], error=error)},
+    )
+
+
+def test_a_failure_before_any_text_closes_the_opened_message_empty() -> None:
     events = _events()
     events.opening()
-    assert events.failed("the deadline passed") == _numbered(
-        4, {"type": "response.failed", "response": _response("failed", output=[], error=DEADLINE)}
-    )
+    assert events.failed("the deadline passed") == _empty_closed(DEADLINE)
 
 
 def test_a_workers_error_reply_fails_the_response_with_its_message() -> None:
     events = _events()
     events.opening()
     reply = ErrorReply(id="e.0", status=500, type="t", code="c", message="boom", worker="w")
-    error = {"code": "server_error", "message": "boom"}
-    assert events.feed(reply, 150) == _numbered(
-        4, {"type": "response.failed", "response": _response("failed", output=[], error=error)}
-    )
+    assert events.feed(reply, 150) == _empty_closed({"code": "server_error", "message": "boom"})
 
 
 # ---- an answer read for calls, held and given item by item ---------------------------------
@@ -203,3 +211,21 @@ def test_an_end_from_the_record_is_the_next_event_and_the_streams_end(status: st
     assert events.end_with(final) == _numbered(4, {"type": f"response.{status}", "response": final})
     assert events.final is final
     assert events.failed("late") == []  # ended once
+
+
+@pytest.mark.parametrize("status", ["failed", "cancelled"])
+def test_an_end_from_the_record_closes_the_message_the_stream_opened(status: str) -> None:
+    """A resumed stream ended by the record (its deadline, a cancel): the text said so far
+    is done before the last event; a cancel has no last event of its own."""
+    events = _events()
+    events.opening()
+    events.feed(chunk("so", 0), 150)
+    partial = _message("so", "incomplete")
+    final = _response(status, output=[partial])
+    closed = [
+        {"type": "response.output_text.done", **AT, "text": "so", "logprobs": []},
+        {"type": "response.content_part.done", **AT, "part": _part("so")},
+        {"type": "response.output_item.done", "output_index": 0, "item": partial},
+    ]
+    last = [] if status == "cancelled" else [{"type": "response.failed", "response": final}]
+    assert events.end_with(final) == _numbered(5, *closed, *last)

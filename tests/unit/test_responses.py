@@ -72,6 +72,16 @@ def test_interleaved_attempts_and_redeliveries_are_said_once() -> None:
     assert said == TEXT and fold.restarts == 1
 
 
+def test_the_worker_named_is_the_newest_attempts_not_a_dead_ones_late_repeat() -> None:
+    """The finisher passes `fold.worker` on (the next turn is routed to it): a chunk the dead
+    attempt sent late, repeating text its successor already said, must not name the dead."""
+    fold = Fold()
+    for reply in (chunk("a", 0, "dead"), *(chunk(t, i, "live") for i, t in enumerate("abc"))):
+        fold.feed(reply)
+    assert fold.feed(chunk("b", 1, "dead")) == "" and fold.worker == "live"
+    assert fold.said == "abc"
+
+
 def test_an_attempt_that_says_something_else_fails_the_response() -> None:
     fold = Fold()
     fold.feed(chunk("The quick", 0, "a"))
