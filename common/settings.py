@@ -152,7 +152,9 @@ class Settings(GatewaySettings, BatchSettings, BaseSettings):
     )
     # None: a lone batch with nothing else queued also gets every core.
     torch_threads: int | None = Field(
-        default=None, gt=0, description="threads per batch; none = the cores split over the streams"
+        default=None,
+        gt=0,
+        description="threads per batch; none = the cores, within a CPU quota, split over streams",
     )
     device: str = Field(default="cpu", description="torch device of the worker")
     # auto: both engines loaded, each bucket on the one that ran its shapes faster at load.

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from common.protocol import ModelKind
 from common.settings import Settings
+from worker.cores import quota_threads
 from worker.encode.runners.base import Runner
 from worker.encode.runners.noop import NoopRunner
 from worker.encode.runners.torch_runner import TorchRunner
@@ -40,7 +41,7 @@ def load_model(settings: Settings) -> LoadedModel:
         engine = GenerationEngine(
             files.path,
             device=settings.device,
-            threads=settings.torch_threads,
+            threads=_threads(settings),
             kv_tokens=settings.kv_cache_tokens,
             block_size=settings.kv_block_size,
             prefix_caching=settings.prefix_caching,
@@ -107,17 +108,23 @@ def classifier_runner(settings: Settings, files: ModelFiles) -> Runner:
     return ClassifierRunner(
         files,
         device=settings.device,
-        threads=settings.torch_threads,
+        threads=_threads(settings),
         dtype=_dtype(settings, causal_lm=False),
         torchscript=settings.torchscript,
     )
+
+
+def _threads(settings: Settings) -> int | None:
+    """`torch_threads`, or where unset and a container's CPU quota allows fewer threads than
+    the cores it sees, that many (see worker.cores); else torch's default."""
+    return settings.torch_threads or quota_threads()
 
 
 def _torch_runner(settings: Settings, files: ModelFiles) -> TorchRunner:
     return TorchRunner(
         files,
         device=settings.device,
-        threads=settings.torch_threads,
+        threads=_threads(settings),
         torchscript=settings.torchscript,
         dtype=_dtype(settings, causal_lm=False),
     )
@@ -138,4 +145,4 @@ def _onnx_runner(settings: Settings, files: ModelFiles) -> Runner:
 
     cache = Path(settings.onnx_cache_dir).expanduser()
     int8 = settings.quantize == "int8"
-    return OnnxRunner(files, cache_dir=cache, threads=settings.torch_threads, int8=int8)
+    return OnnxRunner(files, cache_dir=cache, threads=_threads(settings), int8=int8)

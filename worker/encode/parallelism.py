@@ -14,20 +14,13 @@ starts with no other running and nothing else held gets every core (`adaptive`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from worker.cores import usable_cores
+
 if TYPE_CHECKING:
     from common.settings import Settings
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, as a container's cpuset sets it)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True, slots=True)
