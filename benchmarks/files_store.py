@@ -1,13 +1,15 @@
-"""Where a batch's files live: the queue's Redis against a folder on disk, through the API.
+"""Where a batch's files live: the queue's Redis, a folder on disk, an S3 bucket, through the API.
 
     .venv/bin/python benchmarks/files_store.py            # ~1 min
     .venv/bin/python benchmarks/files_store.py --mb 50
 
 One redis-server (no persistence) and one `microbatch gateway` per store (`files_store=redis`,
-then `disk`), no worker: a JSONL file of `--mb` MiB of embedding lines is uploaded with the
-official client, read back whole, and deleted, `--repeat` times. Printed: median seconds and
-MiB/s of each step, and for Redis the server's `used_memory` growth per stored MiB (a file
-in Redis costs its size in memory until deleted or expired).
+`disk`, then `s3`), no worker: a JSONL file of `--mb` MiB of embedding lines is uploaded with
+the official client, read back whole, and deleted, `--repeat` times. Printed: median seconds
+and MiB/s of each step, and the Redis server's `used_memory` growth per stored byte (a file
+in Redis costs its size in memory until deleted or expired; in a bucket, a record). The s3
+arm runs moto's S3 server (`moto[server]`, in the dev extra) on loopback: it keeps objects
+in its own process memory, so its speed is moto's, not a real object store's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import orjson
@@ -49,6 +52,43 @@ def jsonl(mib: int) -> bytes:
         size += len(raw)
         i += 1
     return b"".join(out)
+
+
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+@contextmanager
+def moto_s3(folder: Path) -> Iterator[str]:
+    """moto's S3 server in a process of its own, with the bucket `bench`."""
+    import boto3
+
+    port = free_port()
+    args = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with started(args, env_with(), folder / "moto.log"):
+        url = f"http://127.0.0.1:{port}"
+        client = boto3.client("s3", endpoint_url=url, **_boto_keys())
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.create_bucket(Bucket="bench")
+                break
+            except Exception:  # not listening yet
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield url
+
+
+def _boto_keys() -> dict[str, str]:
+    return {
+        "aws_access_key_id": S3_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        "region_name": S3_CREDENTIALS["AWS_DEFAULT_REGION"],
+    }
 
 
 def measure(url: str, data: bytes, repeat: int, r: redis.Redis | None) -> dict:
@@ -94,7 +134,8 @@ def main() -> None:
         args_redis = [binary, "--port", str(rport), "--save", "", "--appendonly", "no"]
         stack.enter_context(started(args_redis, env_with(), folder / "redis.log"))
         r = redis.Redis(port=rport)
-        for store in ("redis", "disk"):
+        s3 = stack.enter_context(moto_s3(folder))
+        for store in ("redis", "disk", "s3"):
             port = free_port()
             settings = {
                 "redis_url": f"redis://127.0.0.1:{rport}/0",
@@ -102,12 +143,15 @@ def main() -> None:
                 "files_store": store,
                 "files_dir": folder / "files",
                 "max_file_bytes": (args.mb + 8) * 1024 * 1024,
+                "files_s3_bucket": "bench",
+                "files_s3_endpoint_url": s3,
             }
             log = folder / f"gateway-{store}.log"
-            with started(microbatch("gateway"), env_with(**settings), log) as proc:
+            env = {**env_with(**settings), **S3_CREDENTIALS}
+            with started(microbatch("gateway"), env, log) as proc:
                 wait_http(f"http://127.0.0.1:{port}/healthz", proc, log)
                 url = f"http://127.0.0.1:{port}"
-                results[store] = measure(url, data, args.repeat, r if store == "redis" else None)
+                results[store] = measure(url, data, args.repeat, r)
     print(f"host: {host_cpu()}; file {len(data) / 1024 / 1024:.1f} MiB, median of {args.repeat}")
     for store, figures in results.items():
         shown = ", ".join(f"{k} {v:.3g}" for k, v in figures.items())

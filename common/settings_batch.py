@@ -16,15 +16,30 @@ from pydantic_settings import BaseSettings
 class BatchSettings(BaseSettings):
     # Each `description` is the setting's row in docs/settings.md (common/settings_doc.py).
 
-    files_store: Literal["auto", "disk", "redis"] = Field(
+    files_store: Literal["auto", "disk", "redis", "s3"] = Field(
         default="auto",
         description="where uploaded and batch output files live: `disk` (`files_dir`, one "
-        "host), `redis` (the queue's Redis: every gateway of a fleet reads every file); "
+        "host), `redis` (the queue's Redis: every gateway of a fleet reads every file), `s3` "
+        "(the bytes in `files_s3_bucket`, their records in Redis: for large files); "
         "`auto` = `redis` with `redis_url`, else `disk`",
     )
     files_dir: Path = Field(
         default=Path("~/.local/share/microbatch/files"),
         description="the folder `files_store=disk` keeps files in",
+    )
+    files_s3_bucket: str = Field(
+        default="",
+        description="the bucket `files_store=s3` keeps files in (credentials: boto3's own "
+        "chain, e.g. `AWS_ACCESS_KEY_ID`)",
+    )
+    files_s3_prefix: str = Field(
+        default="microbatch/files",
+        description="the key prefix of those objects; expiring ones (batch output) under "
+        "`<prefix>/expiring/`, for a lifecycle rule",
+    )
+    files_s3_endpoint_url: str = Field(
+        default="",
+        description="an S3-compatible endpoint (MinIO, Ceph, R2); empty = AWS",
     )
     max_file_bytes: int = Field(
         default=100 * 1024 * 1024,

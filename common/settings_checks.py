@@ -54,6 +54,12 @@ class Checked(Protocol):
     def request_timeout_ms(self) -> int: ...
 
     @property
+    def files_store(self) -> str: ...
+
+    @property
+    def files_s3_bucket(self) -> str: ...
+
+    @property
     def max_request_timeout_ms(self) -> int: ...
 
     @property
@@ -114,6 +120,10 @@ def _rules(s: Checked) -> list[tuple[bool, str]]:
         (
             s.max_batch_tokens < s.buckets[-1],
             "max_batch_tokens must hold at least one entry of the largest bucket",
+        ),
+        (
+            s.files_store == "s3" and not s.files_s3_bucket,
+            "files_store s3 needs files_s3_bucket",
         ),
         (
             s.request_timeout_ms > s.max_request_timeout_ms,

@@ -55,6 +55,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Files, batches and responses": (
         "files_store",
         "files_dir",
+        "files_s3_bucket",
+        "files_s3_prefix",
+        "files_s3_endpoint_url",
         "max_file_bytes",
         "max_batch_lines",
         "batch_window",

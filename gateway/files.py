@@ -1,6 +1,7 @@
 """Stored files (OpenAI's Files API): a batch's input and its output and error files.
 
-Two stores behind one seam. `RedisFiles` keeps a file in the queue's Redis (metadata in a
+Two stores behind one seam (a third, `gateway.s3_files`, keeps the bytes in an object
+store). `RedisFiles` keeps a file in the queue's Redis (metadata in a
 hash, bytes in 1 MiB chunks, a file's keys in one Cluster slot), so every gateway of a fleet
 reads every file with no other setting; `DiskFiles` keeps them in a folder, for `serve` with
 its embedded store (which lives in process memory: files there would not outlive it).
@@ -101,7 +102,8 @@ class RedisFiles:
     def writer(self, file_id: str, expires_at: int | None) -> _RedisWriter:
         return _RedisWriter(self, file_id, expires_at)
 
-    async def _index(self, meta: FileMeta, chunks: int, ttl: int | None) -> None:
+    async def index(self, meta: FileMeta, chunks: int, ttl: int | None) -> None:
+        """Make a file visible: its record (with its chunk count), in its owner's index."""
         record = orjson.dumps({**asdict(meta), "chunks": chunks})
         await self._store.set(self._keys.file(meta.id), record, ex=ttl)
         await self._store.zadd(self._keys.files(meta.owner), {meta.id: meta.created_at})
@@ -180,7 +182,7 @@ class _RedisWriter:
         if self._pending:
             await self._flush(bytes(self._pending))
             self._pending.clear()
-        await self._files._index(meta, self._chunks, self._ttl)
+        await self._files.index(meta, self._chunks, self._ttl)
 
     async def discard(self) -> None:
         for index in range(self._chunks):

@@ -153,8 +153,13 @@ class Services:
 
 def open_files(settings: Settings, store: Store, keys: streams.Keys) -> FileStore:
     """Files in the queue's Redis when there is one (any gateway reads any file), else on
-    disk: the embedded store lives in process memory."""
+    disk: the embedded store lives in process memory; or, asked for, in an object store."""
     where = settings.files_store
     if where == "auto":
         where = "disk" if settings.embedded else "redis"
+    if where == "s3":
+        from gateway.s3_files import S3Files, s3_client
+
+        client = s3_client(settings)
+        return S3Files(store, keys, client, settings.files_s3_bucket, settings.files_s3_prefix)
     return DiskFiles(settings.files_dir) if where == "disk" else RedisFiles(store, keys)

@@ -47,6 +47,8 @@ def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.Monkey
         {"dtype": "bfloat16", "backend": "onnx"},  # the exported graph is float32
         {"dtype": "float16", "backend": "auto"},
         {"dtype": "int4"},
+        {"files_store": "s3"},  # no bucket to keep them in
+        {"files_store": "gcs"},
     ],
 )
 def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:
