@@ -16,6 +16,20 @@ def jsonl(lines: list[dict]) -> bytes:
     return b"".join(orjson.dumps(line) + b"\n" for line in lines)
 
 
+def embedding_lines(n: int, tag: str = "line", model: str | None = None) -> list[dict]:
+    """`n` embedding lines of varied lengths, for the served default model or `model`."""
+    chosen = {} if model is None else {"model": model}
+    return [
+        {
+            "custom_id": f"{tag}-{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"input": f"{tag} number {i} " + "word " * (i % 40), **chosen},
+        }
+        for i in range(n)
+    ]
+
+
 def upload(client: OpenAI, lines: list[dict]) -> str:
     return client.files.create(file=("input.jsonl", io.BytesIO(jsonl(lines))), purpose="batch").id
 

@@ -23,7 +23,7 @@ from common.cli import app
 from common.settings import Settings
 from gateway.auth import owner_of
 from tests.conftest import RedisServer, free_port, wait_until
-from tests.integration.batch_client import finished, results, upload
+from tests.integration.batch_client import embedding_lines, finished, results, upload
 from tests.integration.in_process import InProcess
 from tests.integration.test_observability import sample
 from tests.openai import schema_errors
@@ -90,18 +90,6 @@ def closed_clients() -> Iterator[None]:
     yield
     while _made:
         _made.pop().close()
-
-
-def embedding_lines(n: int, tag: str = "line") -> list[dict]:
-    return [
-        {
-            "custom_id": f"{tag}-{i}",
-            "method": "POST",
-            "url": "/v1/embeddings",
-            "body": {"input": f"{tag} number {i} " + "word " * (i % 40)},
-        }
-        for i in range(n)
-    ]
 
 
 def answering(client: OpenAI, lines: list[dict]):

@@ -25,7 +25,7 @@ from gateway import s3_files
 from gateway.files import file_meta
 from gateway.s3_files import S3Files
 from tests.conftest import RedisServer, free_port, wait_until
-from tests.integration.batch_client import finished, results, upload
+from tests.integration.batch_client import embedding_lines, finished, results, upload
 from tests.integration.in_process import InProcess
 
 BUCKET, PREFIX = "mb-files", "mbs3"
@@ -143,15 +143,7 @@ def test_the_files_api_keeps_the_bytes_in_the_bucket_and_any_gateway_reads_them(
 
 def test_a_batchs_output_lands_in_the_bucket_under_the_expiring_prefix(fleet, s3: str) -> None:
     (first, _), _ = fleet
-    lines = [
-        {
-            "custom_id": f"line-{n}",
-            "method": "POST",
-            "url": "/v1/embeddings",
-            "body": {"model": "noop", "input": f"text {n}"},
-        }
-        for n in range(20)
-    ]
+    lines = embedding_lines(20, model="noop")
     with OpenAI(base_url=f"{first}/v1", api_key="none") as client:
         batch = client.batches.create(
             input_file_id=upload(client, lines),
