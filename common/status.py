@@ -57,6 +57,11 @@ class ModelStatus:
 AFFINITY = 0  # the bucket number that stands for a model's affinity streams
 
 
+def queue_name(bucket: int) -> str:
+    """A queue's name in the gauges and `microbatch status`: its bucket, or "affinity"."""
+    return "affinity" if bucket == AFFINITY else str(bucket)
+
+
 def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketStatus:
     """Lag falls back to depth - pending: entries are deleted on ack, so XLEN is exact. And
     it never exceeds that: after a restart from its append-only file, Redis 7.0 was seen
@@ -130,7 +135,7 @@ def export_gauges(models: list[ModelStatus]) -> None:
         metrics.workers.labels(model.model).set(model.live_workers)
         metrics.dead_letter_depth.labels(model.model).set(model.dead_letters)
         for b in model.queues:
-            labels = (model.model, "affinity" if b.bucket == AFFINITY else str(b.bucket))
+            labels = (model.model, queue_name(b.bucket))
             metrics.queue_depth.labels(*labels).set(b.depth)
             metrics.queue_lag.labels(*labels).set(b.lag)
             metrics.queue_pending.labels(*labels).set(b.pending)

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from common.status import AFFINITY
+from common.status import queue_name
 
 
 def status_table(models: list) -> Any:
@@ -27,7 +27,7 @@ def status_table(models: list) -> Any:
             first = i == 0
             table.add_row(
                 m.model if first else "",
-                "affinity" if b.bucket == AFFINITY else str(b.bucket),
+                queue_name(b.bucket),
                 str(b.depth),
                 lag,
                 str(b.pending),
