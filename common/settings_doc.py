@@ -31,6 +31,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "api_keys",
         "tenants",
         "quota_on_redis_error",
+        "tool_call_parser",
         "interactive_api_keys",
         "allow_unauthenticated",
         "rate_limit_per_key",

@@ -49,6 +49,12 @@ class GatewaySettings(BaseSettings):
         "models and priorities it may use and its limits (docs/operations.md#tenants); read "
         "again when it changes, a malformed version refused and the last good one kept",
     )
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        default="auto",
+        description="how a chat's `auto` tool calls are read from the text: `hermes` "
+        "(`<tool_call>`), `llama3_json`, `mistral` (`[TOOL_CALLS]`); `auto` = from the "
+        "model's chat template",
+    )
     quota_on_redis_error: Literal["open", "closed"] = Field(
         default="open",
         description="when Redis cannot answer a tenant's quota check: `open` admits the "

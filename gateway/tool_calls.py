@@ -5,10 +5,15 @@ Why a forced call (`tool_choice` `required` or a named function) is generated as
 schema rather than in the model's own call syntax: the grammar engine the worker already runs
 for `response_format` then guarantees that the name is one of the tools and the arguments
 validate against its parameters, whatever the model, and no model-specific parser is needed
-(vLLM forces calls the same way). `auto` lets the model write; its text is parsed in the
-Hermes/Qwen format (`<tool_call>{"name": ..., "arguments": ...}</tool_call>`), which the default
-prompt asks for, and text that does not parse as calls to known tools is returned as text,
-never as a broken call.
+(vLLM forces calls the same way). `auto` lets the model write, and its text is read by the
+parser of the model's output family, as vLLM's tool parsers do: Hermes/Qwen
+(`<tool_call>{"name": ..., "arguments": ...}</tool_call>`, also what the default prompt asks
+for), Llama 3's JSON (`<|python_tag|>{"name": ..., "parameters": ...}`, several joined by `;`)
+or Mistral's (`[TOOL_CALLS][{"name": ..., "arguments": ...}]`, or `[TOOL_CALLS]name[ARGS]{...}`
+from v11 tokenizers). The family is read from the model's chat template (`family_of`); the
+`tool_call_parser` setting overrides it. Markers that are special tokens never reach the text
+(the worker skips special tokens), so each parser also reads the calls without them. Text that
+does not parse as calls to known tools is returned as text, never as a broken call.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -43,6 +48,9 @@ class Call:
         return item if index is None else {"index": index, **item}
 
 
+FAMILIES = ("hermes", "llama3_json", "mistral")
+
+
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """How one request's answers are read for calls: forced JSON, or free text parsed."""
@@ -50,16 +58,38 @@ class ToolUse:
     names: frozenset[str]
     forced: bool  # `required` or a named function: the text is the schema's JSON
     parallel: bool  # a forced answer is a list of calls (`parallel_tool_calls`)
+    family: str = "hermes"  # the parser of free text (`auto`): one of FAMILIES
 
     def calls(self, text: str) -> tuple[str | None, list[Call]] | None:
         """(content left, calls) when `text` holds calls to known tools; None otherwise."""
         if self.forced:
             calls = _forced(text, self.parallel)
             return None if calls is None or not self._known(calls) else (None, calls)
-        return _hermes(text, self.names)
+        found = _PARSERS[self.family](text, self.names)
+        return None if found is None or not self._known(found[1]) else found
 
     def _known(self, calls: list[Call]) -> bool:
         return bool(calls) and all(c.name in self.names for c in calls)
+
+
+def read_by(tools: ToolUse | None, template: str | None, setting: str) -> ToolUse | None:
+    """A request's tool use, its free text read by the model's family (`family_of`)."""
+    return None if tools is None else replace(tools, family=family_of(template, setting))
+
+
+def family_of(template: str | None, setting: str = "auto") -> str:
+    """The output family of a model's calls: the setting where it names one; else read from
+    the chat template (a template that does not take tools gets the default prompt, which
+    asks for Hermes)."""
+    if setting != "auto":
+        return setting
+    if not template or "tools" not in template:
+        return "hermes"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" not in template and ("<|python_tag|>" in template or "ipython" in template):
+        return "llama3_json"
+    return "hermes"
 
 
 def call_id() -> str:
@@ -178,6 +208,80 @@ def _hermes(text: str, names: frozenset[str]) -> tuple[str | None, list[Call]] |
         calls.append(call)
     content = TOOL_CALL.sub("", text).strip()
     return (content or None), calls
+
+
+def _llama3_json(text: str, names: frozenset[str]) -> tuple[str | None, list[Call]] | None:
+    """Llama 3's calls: the whole answer is one or more JSON objects (`;` between them),
+    after `<|python_tag|>` where the tokenizer kept it."""
+    body = text.strip().removeprefix("<|python_tag|>").lstrip()
+    if not body.startswith("{"):
+        return None
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            value, at = decoder.raw_decode(body, at)
+        except ValueError:
+            return None
+        call = _call(value)
+        if call is None:
+            return None
+        calls.append(call)
+        while at < len(body) and body[at] in "; \n\t":
+            at += 1
+    return None, calls
+
+
+MISTRAL_V11 = re.compile(r"([A-Za-z0-9_.\-]+)(?:\[ARGS\])?\s*(\{)")
+
+
+def _mistral(text: str, names: frozenset[str]) -> tuple[str | None, list[Call]] | None:
+    """Mistral's calls, after `[TOOL_CALLS]` (its content before it): a JSON list of
+    `{"name", "arguments"}`, or v11's `name[ARGS]{...}`, repeated."""
+    marker = text.find("[TOOL_CALLS]")
+    content, body = (text[:marker], text[marker:]) if marker >= 0 else ("", text)
+    parts = [p.strip() for p in body.split("[TOOL_CALLS]") if p.strip()]
+    if not parts:
+        return None
+    calls: list[Call] = []
+    for part in parts:
+        found = _mistral_list(part) if part.startswith("[") else _mistral_v11(part, names)
+        if found is None:
+            return None
+        calls += found
+    return (content.strip() or None), calls
+
+
+def _mistral_list(part: str) -> list[Call] | None:
+    try:
+        value, _ = json.JSONDecoder().raw_decode(part)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    calls = [_call(item) for item in value]
+    return None if any(c is None for c in calls) else calls  # type: ignore[return-value]
+
+
+def _mistral_v11(part: str, names: frozenset[str]) -> list[Call] | None:
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(part):
+        head = MISTRAL_V11.match(part, at)
+        if head is None or head.group(1) not in names:
+            return None
+        try:
+            arguments, at = decoder.raw_decode(part, head.start(2))
+        except ValueError:
+            return None
+        call = _call({"name": head.group(1), "arguments": arguments})
+        if call is None:
+            return None
+        calls.append(call)
+        while at < len(part) and part[at] in " \n\t":
+            at += 1
+    return calls
+
+
+_PARSERS = {"hermes": _hermes, "llama3_json": _llama3_json, "mistral": _mistral}
 
 
 def _call(value: Any) -> Call | None:

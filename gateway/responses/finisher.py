@@ -39,7 +39,12 @@ def identity_of(response_id: str, record: dict[str, str]) -> Identity:
     use = (
         None
         if tools is None
-        else ToolUse(frozenset(tools["names"]), tools["forced"], tools["parallel"])
+        else ToolUse(
+            frozenset(tools["names"]),
+            tools["forced"],
+            tools["parallel"],
+            tools.get("family", "hermes"),  # stored before the family was: Hermes
+        )
     )
     return Identity(
         response_id,
@@ -56,7 +61,12 @@ def identity_fields(who: Identity) -> dict[str, Any]:
     described = (
         None
         if tools is None
-        else {"names": sorted(tools.names), "forced": tools.forced, "parallel": tools.parallel}
+        else {
+            "names": sorted(tools.names),
+            "forced": tools.forced,
+            "parallel": tools.parallel,
+            "family": tools.family,
+        }
     )
     return {"request": who.request, "tools": described}
 

@@ -48,6 +48,7 @@ from gateway.submit import (
     submit,
     tenant_used,
 )
+from gateway.tool_calls import read_by
 
 MAX_STOP_CHARS = 256
 
@@ -280,14 +281,14 @@ async def queued(
         call.request_id, call.priority, call.timeout_ms, session, known, parsed.entry_trace, lane
     )
     pairs = list(zip(prompts.ids, prompts.new_tokens, strict=True))
-    shape = _shape(model, req, prompts)
+    shape = _shape(model, req, prompts, services.settings.tool_call_parser)
     sub = _entries(services, model, req, pairs, ask, shape, checked, reply_to)
     sub.charge, sub.reserved = charge, reserved
     return sub
 
 
-def _shape(model: ModelEntry, req: Any, prompts: Prompts) -> Shape:
-    """What the request asked of its answers beyond the text."""
+def _shape(model: ModelEntry, req: Any, prompts: Prompts, parser: str) -> Shape:
+    """What the request asked of its answers beyond the text (calls read by `parser`)."""
     return Shape(
         model.tokenizer,
         with_ids=req.return_token_ids,
@@ -296,7 +297,7 @@ def _shape(model: ModelEntry, req: Any, prompts: Prompts) -> Shape:
         prompt_ids=prompts.ids,
         n=req.n,
         candidates=req.candidates,
-        tools=getattr(req, "tool_use", None),  # chat only
+        tools=read_by(getattr(req, "tool_use", None), model.info.chat_template, parser),
     )
 
 

@@ -50,6 +50,7 @@ from gateway.routes.objects import (
 from gateway.schemas import ChatCompletionRequest, openapi_body
 from gateway.services import Services
 from gateway.submit import enqueue_within
+from gateway.tool_calls import read_by
 
 ROUTE = "/v1/responses"
 SCHEMA = openapi_body(CreateResponse)
@@ -114,7 +115,9 @@ async def _turn(parsed: Parsed[CreateResponse]) -> _Turn:
         )
     chat = _as_chat(body, conversation, parsed.name)
     echoed = items.echo(body, parsed.name)
-    who = Identity(response_id, int(time.time()), echoed, chat.tool_use, bool(body.background))
+    parser = services.settings.tool_call_parser
+    tools = read_by(chat.tool_use, parsed.model.info.chat_template, parser)
+    who = Identity(response_id, int(time.time()), echoed, tools, bool(body.background))
     record = {
         "owner": owner,
         "created_at": str(who.created_at),

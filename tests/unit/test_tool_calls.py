@@ -1,5 +1,6 @@
-"""Reading a model's text for tool calls: forced JSON, or Hermes `<tool_call>` blocks in free
-text; anything that is not a whole call to a known tool stays text."""
+"""Reading a model's text for tool calls: forced JSON, or free text in its family's format
+(Hermes `<tool_call>` blocks, Llama 3's JSON, Mistral's `[TOOL_CALLS]`); anything that is not
+a whole call to a known tool stays text."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import pytest
 
 from gateway.tool_calls import (
     COMPACT,
+    Call,
     ToolUse,
     as_text,
     closed,
     default_prompt,
+    family_of,
     forced_schema,
+    read_by,
 )
 
 NAMES = frozenset({"get_weather", "get_time"})
@@ -121,3 +125,140 @@ def test_objects_that_do_not_say_otherwise_are_closed_to_their_properties() -> N
     assert "additionalProperties" not in schema  # the tool's own schema is not changed
     args = forced_schema([{"name": "f", "parameters": schema}], "f", False)
     assert args["properties"]["arguments"]["additionalProperties"] is False
+
+
+# ---- the output families of `auto` calls, chosen from the model's template ------------------
+
+LLAMA = ToolUse(NAMES, forced=False, parallel=False, family="llama3_json")
+MISTRAL = ToolUse(NAMES, forced=False, parallel=False, family="mistral")
+PARIS = Call("get_weather", '{"city": "Paris"}')
+UTC = Call("get_time", '{"zone": "UTC"}')
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',  # the tag was special
+        '  {"name": "get_weather", "arguments": {"city": "Paris"}}\n',
+    ],
+)
+def test_llama3_json_reads_a_call_with_or_without_its_python_tag(text: str) -> None:
+    assert LLAMA.calls(text) == (None, [PARIS])
+
+
+def test_llama3_json_reads_several_calls_joined_by_semicolons() -> None:
+    text = (
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+        '{"name": "get_time", "parameters": {"zone": "UTC"}}'
+    )
+    assert LLAMA.calls(text) == (None, [PARIS, UTC])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is sunny in Paris.",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}} and then some prose',
+        '{"name": "launch_missiles", "parameters": {}}',  # not an offered tool
+        '{"name": "get_weather", "parameters": {"city": ',  # cut by max_tokens
+        '{"city": "Paris"}',  # JSON, not a call
+    ],
+)
+def test_llama3_json_leaves_what_is_not_whole_calls_to_known_tools_as_text(text: str) -> None:
+    assert LLAMA.calls(text) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "content"),
+    [
+        ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]', None),
+        ('[{"name": "get_weather", "arguments": {"city": "Paris"}}]', None),  # marker skipped
+        (
+            'Checking. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+            "Checking.",
+        ),
+        ('[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', None),  # v11 tokenizers
+        ('get_weather{"city": "Paris"}', None),  # v11, both markers skipped
+    ],
+)
+def test_mistral_reads_its_list_and_its_v11_form(text: str, content: str | None) -> None:
+    assert MISTRAL.calls(text) == (content, [PARIS])
+
+
+def test_mistral_reads_several_calls_in_either_form() -> None:
+    listed = (
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+        '{"name": "get_time", "arguments": {"zone": "UTC"}}]'
+    )
+    v11 = '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}'
+    assert MISTRAL.calls(listed) == (None, [PARIS, UTC])
+    assert MISTRAL.calls(v11) == (None, [PARIS, UTC])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Paris is sunny.",
+        '[TOOL_CALLS][{"name": "launch_missiles", "arguments": {}}]',
+        '[TOOL_CALLS]launch_missiles[ARGS]{"now": true}',
+        '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Par',
+        "[TOOL_CALLS][]",
+    ],
+)
+def test_mistral_leaves_what_is_not_whole_calls_to_known_tools_as_text(text: str) -> None:
+    assert MISTRAL.calls(text) is None
+
+
+@pytest.mark.parametrize(
+    ("template", "setting", "family"),
+    [
+        # excerpts of the real templates' tool parts
+        ("{%- if tools %}<tool_call>\n{{ tool_call | tojson }}</tool_call>", "auto", "hermes"),
+        ("{%- if tools %}<|python_tag|>{{ tool_call.arguments | tojson }}", "auto", "llama3_json"),
+        (
+            '{%- if tools %}Environment: ipython\n{"name": function name, "parameters"',
+            "auto",
+            "llama3_json",
+        ),
+        (
+            "{%- if tools %}[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]",
+            "auto",
+            "mistral",
+        ),
+        ("{{ messages[0].content }}", "auto", "hermes"),  # no tools: the default prompt
+        (None, "auto", "hermes"),
+        ("{%- if tools %}<tool_call>", "mistral", "mistral"),  # the setting overrides
+    ],
+)
+def test_the_family_is_read_from_the_template_unless_the_setting_names_one(
+    template: str | None, setting: str, family: str
+) -> None:
+    assert family_of(template, setting) == family
+    assert read_by(AUTO, template, setting) == ToolUse(NAMES, False, False, family)
+    assert read_by(None, template, setting) is None
+
+
+def test_a_forced_call_is_read_as_json_whatever_the_family() -> None:
+    forced = ToolUse(NAMES, forced=True, parallel=False, family="mistral")
+    assert forced.calls('{"name": "get_weather", "arguments": {"city": "Paris"}}') == (
+        None,
+        [PARIS],
+    )
+
+
+def test_a_stored_response_keeps_its_family_and_one_stored_before_it_reads_hermes() -> None:
+    """A background run is finished by whichever gateway looks: its record says how its
+    calls are read, so every gateway reads them alike."""
+    import orjson
+
+    from gateway.responses.events import Identity
+    from gateway.responses.finisher import identity_fields, identity_of
+
+    who = Identity("resp_1", 100, {"model": "m"}, MISTRAL)
+    record = {"identity": orjson.dumps(identity_fields(who)).decode(), "created_at": "100"}
+    assert identity_of("resp_1", record).tools == MISTRAL
+    older = orjson.loads(record["identity"])
+    del older["tools"]["family"]
+    record["identity"] = orjson.dumps(older).decode()
+    assert identity_of("resp_1", record).tools == ToolUse(NAMES, False, False, "hermes")
