@@ -262,3 +262,19 @@ def test_a_stored_response_keeps_its_family_and_one_stored_before_it_reads_herme
     del older["tools"]["family"]
     record["identity"] = orjson.dumps(older).decode()
     assert identity_of("resp_1", record).tools == ToolUse(NAMES, False, False, "hermes")
+
+
+def test_a_chat_answer_is_read_by_its_models_family() -> None:
+    """The chat route's answer shape carries the family its model's template names."""
+    from types import SimpleNamespace
+
+    from gateway.routes.generation import _shape
+
+    info = SimpleNamespace(chat_template="{%- if tools %}[TOOL_CALLS]{{ tools }}")
+    model = SimpleNamespace(info=info, tokenizer=None)
+    req = SimpleNamespace(
+        return_token_ids=False, shown_logprobs=None, n=1, candidates=1, tool_use=AUTO
+    )
+    prompts = SimpleNamespace(texts=None, ids=[[1]])
+    assert _shape(model, req, prompts, "auto").tools == MISTRAL  # type: ignore[arg-type]
+    assert _shape(model, req, prompts, "hermes").tools == AUTO  # type: ignore[arg-type]
