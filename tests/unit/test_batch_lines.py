@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import orjson
 import pytest
 
@@ -12,6 +14,7 @@ from gateway.batch_run import Window
 from gateway.routes.objects import after_cursor
 
 EMBED = "/v1/embeddings"
+ID_RULE = "custom_id must be a string of 1..512 characters"
 
 
 def line(i: int, **over: object) -> bytes:
@@ -34,28 +37,23 @@ def test_good_lines_are_read_in_order_with_their_bodies_and_blank_lines_skipped(
 @pytest.mark.parametrize(
     ("raw", "code", "says", "param"),
     [
-        (b"{nope", "invalid_json_line", "line is not JSON: ", None),
+        (b"{nope", "invalid_json_line", "line is not JSON: .+", None),
         (b"[1, 2]", "invalid_json_line", "line is not a JSON object", None),
-        (
-            line(0, custom_id=""),
-            "invalid_custom_id",
-            "custom_id must be a string of 1..512",
-            "custom_id",
-        ),
-        (line(0, custom_id=7), "invalid_custom_id", "custom_id must be", "custom_id"),
-        (line(0, custom_id="x" * 513), "invalid_custom_id", "custom_id must be", "custom_id"),
+        (line(0, custom_id=""), "invalid_custom_id", ID_RULE, "custom_id"),
+        (line(0, custom_id=7), "invalid_custom_id", ID_RULE, "custom_id"),
+        (line(0, custom_id="x" * 513), "invalid_custom_id", ID_RULE, "custom_id"),
         (line(0, method="GET"), "invalid_method", "method must be POST", "method"),
         (
             line(0, url="/v1/completions"),
             "mismatched_endpoint",
-            "'/v1/completions' is not the batch's endpoint '/v1/embeddings'",
+            "url '/v1/completions' is not the batch's endpoint '/v1/embeddings'",
             "url",
         ),
         (line(0, body="text"), "invalid_body", "body must be a JSON object", "body"),
         (
             line(0, body={"input": "x", "stream": True}),
             "invalid_body",
-            "cannot stream",
+            "a batch line cannot stream; leave out stream",
             "body.stream",
         ),
         (
@@ -83,7 +81,7 @@ def test_each_bad_line_is_a_problem_naming_its_code_line_and_why(
         "param": param,
         "line": 2,
     }
-    assert says in problems[0].message
+    assert re.fullmatch(says, problems[0].message)  # the whole message: clients read it
     assert [x.custom_id for x in lines] == ["c9"]
 
 
@@ -135,7 +133,24 @@ def test_a_result_line_carries_the_routes_answer_and_is_answered_only_for_a_2xx(
     failed, out = result_line("batch_x", entry, 422, "rid", b'{"error": {}}')
     assert not failed and orjson.loads(out)["response"]["status_code"] == 422
     _, out = result_line("batch_x", entry, 500, "rid", b"not json")
-    assert orjson.loads(out)["response"]["body"]["error"]["message"] == "not json"
+    assert orjson.loads(out)["response"]["body"] == {
+        "error": {"message": "not json", "type": "server_error"}  # OpenAI's error object
+    }
+
+
+def test_only_a_2xx_status_is_answered() -> None:
+    entry = Line(0, "c0", b"{}", None)
+    answered = {s: result_line("b", entry, s, "rid", b"{}")[0] for s in (199, 200, 299, 300)}
+    assert answered == {199: False, 200: True, 299: True, 300: False}
+
+
+def test_a_json_body_after_whitespace_is_spliced_and_bad_utf8_text_is_replaced() -> None:
+    entry = Line(0, "c0", b"{}", None)
+    _, out = result_line("b", entry, 200, "rid", b'\n {"object": "list"}')
+    assert orjson.loads(out)["response"]["body"] == {"object": "list"}
+    _, out = result_line("b", entry, 502, "rid", b"bad \xff gateway")
+    body = orjson.loads(out)["response"]["body"]
+    assert body == {"error": {"message": "bad \ufffd gateway", "type": "server_error"}}
 
 
 def test_files_are_assembled_in_input_order_by_outcome() -> None:
@@ -145,7 +160,12 @@ def test_files_are_assembled_in_input_order_by_outcome() -> None:
     output, errors = assemble(lines, results, answered)
     assert output == b"r0\nr3\n" and errors == b"r1\n"
     unfinished = orjson.loads(unfinished_line("batch_x", lines[2], "batch_expired", "late"))
-    assert unfinished["response"] is None and unfinished["error"]["code"] == "batch_expired"
+    assert unfinished == {
+        "id": "batch_x_req_2",
+        "custom_id": "c2",
+        "response": None,
+        "error": {"code": "batch_expired", "message": "late"},
+    }
 
 
 def test_the_window_halves_on_refusal_and_grows_back_as_lines_are_answered() -> None:

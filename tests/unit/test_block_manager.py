@@ -34,6 +34,17 @@ def test_a_table_covers_every_position_and_never_uses_the_null_block() -> None:
     assert [m.slot(1, p) for p in (0, 4, 9)] == [table[0] * BS, table[1] * BS, table[2] * BS + 1]
 
 
+def test_decoding_takes_a_new_block_exactly_when_a_position_starts_one() -> None:
+    m = manager()
+    m.admit(1, [1, 2, 3])
+    sizes = []
+    for token in range(4, 11):  # positions 3..9
+        assert m.append(1, token) is None  # a sole owner: never a copy
+        sizes.append(len(m.table(1)))
+    assert sizes == [1, 2, 2, 2, 2, 3, 3]  # positions 4 and 8 open blocks 2 and 3
+    assert len(set(m.table(1))) == 3 and NULL_BLOCK not in m.table(1)
+
+
 def test_a_second_prompt_with_the_same_prefix_reuses_its_full_blocks() -> None:
     m = manager()
     assert run(m, 1, list(range(10))) == 0

@@ -42,17 +42,18 @@ def test_cost_ignores_nonsense_observations() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cost", "batches", "rel"),
+    ("window", "batches", "rel"),
     [
-        (BatchCost(window=32), 32, 1e-6),
-        (BatchCost(), 128, 1e-9),  # the default window: 128 batches
+        ({"window": 32}, 32, 1e-6),
+        ({}, 128, 1e-9),  # the default window: 128 batches
     ],
     ids=["window of 32", "default window"],
 )
 def test_cost_follows_the_window_as_the_machine_changes(
-    cost: BatchCost, batches: int, rel: float
+    window: dict[str, int], batches: int, rel: float
 ) -> None:
     """Old batches leave the fit: after a window of slower batches, only those count."""
+    cost = BatchCost(**window)  # built in the test, not at collection
     for padded in range(100, 100 * (batches + 1), 100):
         cost.observe(padded, 0.002 + 1e-5 * padded)
     for padded in range(100, 100 * (batches + 1), 100):
@@ -244,3 +245,18 @@ def test_observations_pass_an_entrys_row_count_to_the_rate() -> None:
     seen = Observations([128])
     seen.arrival(128, 0.0, count=3)
     assert seen.rates(0.5) == {128: pytest.approx(2.0)}
+
+
+def test_observations_mark_when_online_traffic_last_came() -> None:
+    """The loop's `online_idle_s` is measured from `last_online_s`: never, at first (idle
+    for ever); an arrival is online unless it says not; background rows and late reports
+    of earlier arrivals leave it."""
+    from worker.encode.cost import Observations
+
+    seen = Observations([128])
+    assert seen.last_online_s == float("-inf")
+    seen.arrival(128, 1.0)
+    assert seen.last_online_s == 1.0
+    seen.arrival(128, 2.0, online=False)
+    seen.arrival(128, 0.5, count=2)
+    assert seen.last_online_s == 1.0

@@ -229,3 +229,14 @@ def test_an_end_from_the_record_closes_the_message_the_stream_opened(status: str
     ]
     last = [] if status == "cancelled" else [{"type": "response.failed", "response": final}]
     assert events.end_with(final) == _numbered(5, *closed, *last)
+
+
+def test_a_held_answer_failing_before_any_text_ends_with_no_output() -> None:
+    """A held answer adds no item until it ends: failed with nothing said, it has none to
+    close, and its response lists no output."""
+    events = _events(FREE_TEXT_TOOLS)
+    events.opening()
+    failed = _response("failed", output=[], error=DEADLINE)
+    assert events.failed("the deadline passed") == _numbered(
+        2, {"type": "response.failed", "response": failed}
+    )
