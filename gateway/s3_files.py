@@ -19,6 +19,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
+from common.errors import ServiceUnavailable
 from common.keys import Keys
 from common.store import Store
 from gateway.files import FileMeta, RedisFiles
@@ -35,7 +36,11 @@ def s3_client(settings: Settings) -> Any:
         import boto3
     except ImportError as exc:  # an optional dependency: say how to get it
         raise RuntimeError("files_store s3 needs boto3: pip install 'microbatch[s3]'") from exc
-    return boto3.client("s3", endpoint_url=settings.files_s3_endpoint_url or None)
+    from botocore.config import Config
+
+    # a bucket that cannot be reached is a 503 within seconds, not a minute's hang per try
+    config = Config(connect_timeout=5, read_timeout=60, retries={"mode": "standard"})
+    return boto3.client("s3", endpoint_url=settings.files_s3_endpoint_url or None, config=config)
 
 
 class S3Files:
@@ -48,7 +53,18 @@ class S3Files:
         return f"{self._prefix}/{kind}/{file_id}"
 
     async def _call(self, method: str, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self._client, method), **kwargs)
+        """One S3 call off the event loop; a store that fails is a 503 naming it (a missing
+        object stays `NoSuchKey`, for the caller to read as a missing file)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return await asyncio.to_thread(getattr(self._client, method), **kwargs)
+        except self._client.exceptions.NoSuchKey:
+            raise
+        except (BotoCoreError, ClientError) as exc:
+            raise ServiceUnavailable(
+                f"the file store (bucket {self._bucket!r}) failed: {exc}"
+            ) from exc
 
     async def put(self, meta: FileMeta, data: bytes) -> None:
         writer = self.writer(meta.id, meta.expires_at)

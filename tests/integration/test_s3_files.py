@@ -15,9 +15,11 @@ from collections.abc import Iterator
 import boto3
 import pytest
 import redis
+from botocore.config import Config
 from moto.server import ThreadedMotoServer
 from openai import NotFoundError, OpenAI
 
+from common.errors import ServiceUnavailable
 from common.keys import Keys
 from common.settings import Settings
 from common.store import close_store, open_store
@@ -95,6 +97,27 @@ def test_a_file_written_in_parts_is_one_object_visible_only_once_committed(
     assert dropped is None and uploads == []  # a discarded file leaves no upload behind
     assert _objects(s3)["parts/kept/file-abc1"] == len(content)
     assert "parts/expiring/file-abc2" not in _objects(s3)
+
+
+def test_a_bucket_that_cannot_be_reached_is_a_503_naming_it_not_a_500(
+    redis_url: str, s3: str
+) -> None:
+    """A store outage is the service's, not the request's: `ServiceUnavailable` (503), the
+    bucket named, within the client's connect timeout."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = Config(connect_timeout=1, retries={"total_max_attempts": 1})
+
+    async def scenario() -> None:
+        store = open_store(Settings(redis_url=redis_url))
+        client = boto3.client("s3", endpoint_url=dead, config=config)
+        files = S3Files(store, Keys(PREFIX), client, BUCKET, "down")
+        try:
+            await files.put(file_meta("file-dead1", 3, "o.jsonl", "batch", "o"), b"abc")
+        finally:
+            await close_store(store)
+
+    with pytest.raises(ServiceUnavailable, match=BUCKET):
+        asyncio.run(scenario())
 
 
 @pytest.fixture(scope="module")
