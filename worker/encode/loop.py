@@ -316,7 +316,7 @@ class EmbedLoop:
     def _start_batch(self, batch: Batch, threads: int, stream: int, behind: bool = False) -> None:
         """Take the batch's rows off the queues now, so the next decision cannot pick them
         again, and compute it beside any other running batch."""
-        members = self._rows.take(batch.bucket, batch.keys)
+        members = self._rows.take(batch.bucket, batch.keys, started=not behind)
         entries = by_entry(members)
         now_ms = wall_ms()
         for assembly, indices, _ in entries:
@@ -345,12 +345,12 @@ class EmbedLoop:
 
     def _forget(self, task: asyncio.Task) -> None:
         self._computing.pop(task, None)
-        if task is self._lone:
-            self._lone = None
+        self._lone = None if task is self._lone else self._lone
         self._behind.pop(task, None)
-        for waiting in self._behind:  # it starts now: `hung` times it from here
+        for waiting, behind in self._behind.items():  # it starts now: timed from here
             threads, _, stream = self._computing[waiting]
             self._computing[waiting] = (threads, self._clock(), stream)
+            self._rows.started(behind.batch.keys)
         self._inbox.wake()  # a stream is free
         self._inbox.room_freed()
 

@@ -76,13 +76,18 @@ class RowQueues:
         self._unsorted.clear()
         return self._views
 
-    def take(self, bucket: int, keys: Iterable[int]) -> list[Row]:
-        """These rows, off the queue (the order of the rest stays)."""
+    def take(self, bucket: int, keys: Iterable[int], started: bool = True) -> list[Row]:
+        """These rows, off the queue (the order of the rest stays). A batch queued behind
+        the running one (`started` False) moves the fair order's virtual time only when it
+        starts (`started`): a row that arrives meanwhile is placed by the batch in service,
+        so a light tenant's row can still go before the queued batch (which is revoked for
+        it) instead of after it, a whole batch later."""
         queue, keys = self._queues[bucket], list(keys)
         rows = [queue.pop(key) for key in keys]
         if keys:
             places = [self._order.pop(key, 0.0) for key in keys]
-            self._fair.taken(places)
+            if started:
+                self._fair.taken(places)
             self._taken.update(zip(keys, places, strict=True))
             while len(self._taken) > TAKEN_KEPT:  # oldest first: dicts keep insertion order
                 del self._taken[next(iter(self._taken))]
@@ -91,6 +96,12 @@ class RowQueues:
         if self._alone:
             self._alone = [(b, w) for b, w in self._alone if b != bucket or w.key not in gone]
         return rows
+
+    def started(self, keys: Iterable[int]) -> None:
+        """A batch queued behind the running one started: the virtual time moves past it."""
+        places = [self._taken[k] for k in keys if k in self._taken]
+        if places:
+            self._fair.taken(places)
 
     def ahead_of(self, assembly: Assembly) -> float:
         """The earliest place in the fair order of an entry's queued rows."""
