@@ -115,9 +115,9 @@ class FairOrder:
     """The order a worker's batches take held rows in: virtual finish tags (self-clocked fair
     queueing). A row's tag is its lane's last tag, or the virtual time when the lane was
     idle, plus its tokens over the lane's weight; the virtual time is the largest tag a
-    batch has taken. One lane alone: tags rise in arrival order, so nothing changes; several:
-    a light lane's rows take their place among a heavy lane's backlog by share, not behind
-    it."""
+    started batch has taken (one queued behind the running batch counts once it starts).
+    One lane alone: tags rise in arrival order, so nothing changes; several: a light lane's
+    rows take their place among a heavy lane's backlog by share, not behind it."""
 
     def __init__(self) -> None:
         self._now = 0.0
