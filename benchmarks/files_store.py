@@ -8,7 +8,7 @@ One redis-server (no persistence) and one `microbatch gateway` per store (`files
 the official client, read back whole, and deleted, `--repeat` times. Printed: median seconds
 and MiB/s of each step, and the Redis server's `used_memory` growth per stored byte (a file
 in Redis costs its size in memory until deleted or expired; in a bucket, a record). The s3
-arm runs moto's S3 server (`moto[server]`, in the dev extra) on loopback: it keeps objects
+arm runs moto's S3 server (`moto[s3]` and flask, in the dev extra) on loopback: it keeps objects
 in its own process memory, so its speed is moto's, not a real object store's.
 """
 
