@@ -114,6 +114,42 @@ def test_a_light_tenant_behind_a_heavy_backlog_is_served_by_its_share(served) ->
     assert store.exists(f"{PREFIX}:{{noop}}:req:128:t:light")
 
 
+def test_a_light_tenants_request_joins_the_next_batch_not_the_one_after(served) -> None:
+    """With the heavy tenant backlogged, the next full batch is queued on the compute thread
+    while one computes; a light tenant's request read meanwhile is placed before it (the
+    fair order's time is the running batch's), revokes it and joins the next batch. Its
+    queue wait is then the running batch's rest (measured: median 22 ms, batches of 40);
+    placed after the queued batch, it waited the rest and a whole batch more (63 ms)."""
+    url, _ = served
+
+    async def run() -> list[float]:
+        limits = httpx.Limits(max_connections=200)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+            until = time.monotonic() + 4.0
+
+            async def heavy() -> None:  # a closed loop: the heavy lane never drains
+                while time.monotonic() < until:
+                    await _timed(client, "sk-heavy", 0.0)
+
+            crowd = [asyncio.create_task(heavy()) for _ in range(24)]
+            await asyncio.sleep(0.5)
+            waits = []
+            for _ in range(12):
+                answer = await client.post(
+                    "/v1/embeddings",
+                    json={"model": "noop", "input": "fair"},
+                    headers={"Authorization": "Bearer sk-light"},
+                )
+                waits.append(float(answer.headers["x-microbatch-queue-ms"]))
+                await asyncio.sleep(0.05)
+            await asyncio.gather(*crowd)
+            return waits
+
+    waits = asyncio.run(run())
+    # a median under 1.25 batches: the rest of the running one and the loop's own turns
+    assert statistics.median(waits) < 1.25 * BATCH_MS, waits
+
+
 def test_the_queue_depth_admission_reads_counts_the_lanes(served) -> None:
     _, redis_url = served
     store = redis.Redis.from_url(redis_url)
