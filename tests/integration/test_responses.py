@@ -13,9 +13,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import openai
-import orjson
 import pytest
-import redis
 from pydantic import BaseModel, Field
 
 from common.settings import Settings
@@ -388,35 +386,5 @@ def test_a_background_run_is_bounded_by_the_chunks_its_stream_keeps(
                 model="tiny", input="Go on", background=True, max_output_tokens=25
             )
         client.close()
-    finally:
-        deployment.close()
-
-
-def test_a_turns_calls_are_read_by_the_models_family_or_the_one_the_setting_names(
-    gateways, module_redis: RedisServer, closing
-) -> None:
-    """The stored turn says how its `auto` calls are read, so whichever gateway finishes it
-    reads them alike: from the tiny model's template (it does not take tools: the default
-    prompt's Hermes), or as `tool_call_parser` names."""
-    deployment = InProcess()
-    port = free_port()
-    common = {"redis_url": module_redis.url, "prefix": PREFIX, "read_block_ms": 100}
-    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
-    store = redis.Redis.from_url(module_redis.url)
-    try:
-        named = deployment.start_gateway(
-            Settings(**common, port=port, gateway_id=f"p-{port}", tool_call_parser="mistral")
-        )
-        families = []
-        for url in (gateways[0], named):
-            client = closing.enter_context(
-                openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-            )
-            made = client.responses.create(
-                model="tiny", input="Weather?", tools=tools, max_output_tokens=4
-            )
-            identity = orjson.loads(store.hget(f"{PREFIX}:{{{made.id}}}:response", "identity"))
-            families.append(identity["tools"]["family"])
-        assert families == ["hermes", "mistral"]
     finally:
         deployment.close()

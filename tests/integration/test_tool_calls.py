@@ -12,7 +12,9 @@ from pathlib import Path
 import httpx
 import jsonschema
 import openai
+import orjson
 import pytest
+import redis
 
 from common.settings import Settings
 from tests.conftest import RedisServer, free_port, wait_until
@@ -284,3 +286,33 @@ def test_a_forced_call_with_a_response_format_is_the_call(client) -> None:
     calls = answer.choices[0].message.tool_calls
     assert [c.function.name for c in calls] == ["get_time"]
     jsonschema.validate(json.loads(calls[0].function.arguments), CLOCK)
+
+
+def test_a_stored_turns_calls_are_read_by_the_models_family_or_the_one_the_setting_names(
+    base: str, redis_server: RedisServer, closing
+) -> None:
+    """A Responses turn's record says how its `auto` calls are read, so whichever gateway
+    finishes it reads them alike: from the tiny model's template (it does not take tools:
+    the default prompt's Hermes), or as `tool_call_parser` names."""
+    deployment = InProcess()
+    port = free_port()
+    common = {"redis_url": redis_server.url, "prefix": "mbtools", "read_block_ms": 100}
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    store = redis.Redis.from_url(redis_server.url)
+    try:
+        named = deployment.start_gateway(
+            Settings(**common, port=port, gateway_id=f"p-{port}", tool_call_parser="mistral")
+        )
+        families = []
+        for url in (base, named):
+            client = closing.enter_context(
+                openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+            )
+            made = client.responses.create(
+                model="tiny", input="Weather?", tools=tools, max_output_tokens=4
+            )
+            identity = orjson.loads(store.hget(f"mbtools:{{{made.id}}}:response", "identity"))
+            families.append(identity["tools"]["family"])
+        assert families == ["hermes", "mistral"]
+    finally:
+        deployment.close()
