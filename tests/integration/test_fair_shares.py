@@ -56,7 +56,7 @@ def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
 
         def lanes() -> dict:
             for key in ("sk-heavy", "sk-light"):
-                if _embed_sync(url, key).status_code != 200:  # the model not yet served
+                if embed_as(url, key).status_code != 200:  # the model not yet served
                     return {}
             return store.hgetall(f"{PREFIX}:{{noop}}:lanes")
 
@@ -68,11 +68,13 @@ def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
         deployment.close()
 
 
-def _embed_sync(url: str, key: str) -> httpx.Response:
+def embed_as(url: str, key: str) -> httpx.Response:
+    """One single-input embedding for the `noop` model, sent with `key` (the tenant's)."""
     return httpx.post(
         f"{url}/v1/embeddings",
         json={"model": "noop", "input": "a"},
         headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
     )
 
 
@@ -211,7 +213,7 @@ def test_each_tenant_is_seen_in_metrics_and_in_status(served) -> None:
     from common.cli import app
 
     url, redis_url = served
-    assert _embed_sync(url, "sk-light").status_code == 200
+    assert embed_as(url, "sk-light").status_code == 200
     metrics = httpx.get(f"{url}/metrics").text
     assert 'microbatch_tenant_requests_total{status="200",tenant="light"}' in metrics
     assert 'microbatch_tenant_tokens_total{direction="in",tenant="light"}' in metrics

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 
-import httpx
 import pytest
 import redis
 
@@ -17,6 +16,7 @@ from common.settings import Settings
 from common.streams import GROUP
 from tests.conftest import RedisServer, free_port, wait_until
 from tests.integration.in_process import InProcess
+from tests.integration.test_fair_shares import embed_as
 
 PREFIX = "mbnews"
 TENANTS = {"tenants": {"first": {"api_keys": ["sk-first"]}, "new": {"api_keys": ["sk-new"]}}}
@@ -41,28 +41,22 @@ def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
         )
         deployment.start_worker(Settings(**common, model="noop", worker_id="n-noop"))
         wait_until(
-            lambda: _embed(url, "sk-first").status_code, 60, "noop served", until=lambda s: s == 200
+            lambda: embed_as(url, "sk-first").status_code,
+            60,
+            "noop served",
+            until=lambda s: s == 200,
         )
         yield url, module_redis.url
     finally:
         deployment.close()
 
 
-def _embed(url: str, key: str) -> httpx.Response:
-    return httpx.post(
-        f"{url}/v1/embeddings",
-        json={"model": "noop", "input": "a"},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=30,
-    )
-
-
 def test_a_new_tenants_first_request_wakes_an_idle_worker(served) -> None:
     url, redis_url = served
-    assert _embed(url, "sk-first").status_code == 200  # answered: the worker reads again
+    assert embed_as(url, "sk-first").status_code == 200  # answered: the worker reads again
     time.sleep(0.3)  # ... and now blocks, up to 5 s, on the streams it knows
     started = time.monotonic()
-    first = _embed(url, "sk-new")
+    first = embed_as(url, "sk-new")
     waited = time.monotonic() - started
     assert first.status_code == 200, first.text
     assert waited < 1.5, f"the new tenant's first request waited {waited:.2f} s"
