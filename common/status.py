@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 from common import affinity_streams, lane_streams, metrics, streams
 from common.clock import wall_ms
-from common.protocol import ModelInfo, ProtocolError, decode
+from common.protocol import ModelInfo, ModelKind, ProtocolError, decode
 from common.store import Store
 
 
@@ -76,8 +77,16 @@ def bucket_status(bucket: int, info: streams.GroupInfo, now_ms: int) -> BucketSt
 
 
 async def model_status(
-    store: Store, keys: streams.Keys, name: str, kind: str, buckets: list[int], stale_ms: int
+    store: Store,
+    keys: streams.Keys,
+    name: str,
+    kind: str,
+    buckets: list[int],
+    stale_ms: int,
+    loads: Mapping[str, affinity_streams.WorkerLoad] | None = None,
 ) -> ModelStatus:
+    """A model's queues as Redis holds them. `loads`: its generation workers' reported
+    loads where the caller has read them already (they name the affinity streams)."""
     now_ms = wall_ms()
     rows = []
     tenants = await lane_streams.lane_tenants(store, keys, name)
@@ -92,21 +101,30 @@ async def model_status(
     beats = await streams.worker_beats(store, keys, name)
     workers = [WorkerStatus(w, (now_ms - ms) / 1000, now_ms - ms <= stale_ms) for w, ms in beats]
     dead = await streams.stream_length(store, keys.dead(name))
-    affinity = await _affinity_status(store, keys, name, list(tenants), now_ms)
+    if kind != ModelKind.CAUSAL_LM:  # only generation workers have affinity streams
+        affinity = None
+    else:
+        if loads is None:
+            loads = await affinity_streams.worker_loads(store, keys, name)
+        affinity = await _affinity_status(store, keys, name, sorted(loads), list(tenants), now_ms)
     return ModelStatus(name, kind, rows, dead, workers, lanes, affinity)
 
 
 async def _affinity_status(
-    store: Store, keys: streams.Keys, model: str, tenants: list[str], now_ms: int
+    store: Store,
+    keys: streams.Keys,
+    model: str,
+    workers: list[str],
+    tenants: list[str],
+    now_ms: int,
 ) -> BucketStatus | None:
     """Every affinity stream of the model's generation workers (their own, and each tenant's)
     as one queue: prompts waiting there are work the bucket streams do not show, so without
     this the gauges, `microbatch status`, admission and KEDA would all miss them."""
-    workers = await affinity_streams.worker_loads(store, keys, model)
     if not workers:
         return None
     info = streams.GroupInfo(0, 0, 0, None, 0)
-    for worker in sorted(workers):
+    for worker in workers:
         for tenant in (None, *tenants):
             stream = await streams.group_info(store, keys.affinity(model, worker, tenant))
             if stream.length or stream.entries_read is not None:  # never written: nothing

@@ -191,35 +191,46 @@ class Catalog:
                 continue
             if tokenizer is None:
                 continue
-            state = await model_status(
-                self._store,
-                self._keys,
-                name,
-                info.kind,
-                self._settings.buckets,
-                self._settings.worker_stale_ms,
-            )
+            models[name], state = await self._entry(name, info, tokenizer)
             statuses.append(state)
-            rate = self._rates.setdefault(name, DeliveryRate()).observe(
-                time.monotonic(), _counters(state), any(b.lag > 0 for b in state.queues)
-            )
-            cold = await streams.cold_start_ms(self._store, self._keys, name)
-            live = {w.name for w in state.workers if w.live}
-            known = {w.name for w in state.workers}
-            traced = await self._traced_entries(name, live, known)
-            models[name] = ModelEntry(
-                info, tokenizer, state.live_workers, state.depth, rate, cold, traced
-            )
-            if self.on_loads is not None and info.kind == ModelKind.CAUSAL_LM:
-                loads = await affinity_streams.worker_loads(self._store, self._keys, name)
-                laned = await affinity_streams.laned_affinity_workers(self._store, self._keys, name)
-                live_loads = {w: r.load for w, r in loads.items() if w in live}
-                self.on_loads(name, live_loads, frozenset(laned & live))
         for entry in list(models.values()):
             for alias in entry.info.aliases:  # served_model_name: the registered name wins
                 models.setdefault(alias, entry)
         self.models = models
         export_gauges(statuses)
+
+    async def _entry(
+        self, name: str, info: ModelInfo, tokenizer: ModelTokenizer
+    ) -> tuple[ModelEntry, ModelStatus]:
+        """One registered model as this refresh finds it: its queues, rate and workers (a
+        generation model's loads read once, for its queue status and for routing)."""
+        generates = info.kind == ModelKind.CAUSAL_LM
+        loads = (
+            await affinity_streams.worker_loads(self._store, self._keys, name) if generates else {}
+        )
+        settings = self._settings
+        state = await model_status(
+            self._store,
+            self._keys,
+            name,
+            info.kind,
+            settings.buckets,
+            settings.worker_stale_ms,
+            loads,
+        )
+        rate = self._rates.setdefault(name, DeliveryRate()).observe(
+            time.monotonic(), _counters(state), any(b.lag > 0 for b in state.queues)
+        )
+        cold = await streams.cold_start_ms(self._store, self._keys, name)
+        live = {w.name for w in state.workers if w.live}
+        known = {w.name for w in state.workers}
+        traced = await self._traced_entries(name, live, known)
+        if self.on_loads is not None and generates:
+            laned = await affinity_streams.laned_affinity_workers(self._store, self._keys, name)
+            live_loads = {w: r.load for w, r in loads.items() if w in live}
+            self.on_loads(name, live_loads, frozenset(laned & live))
+        entry = ModelEntry(info, tokenizer, state.live_workers, state.depth, rate, cold, traced)
+        return entry, state
 
     def _skip(self, name: str, why: str) -> None:
         """One model's bad entry costs that model only: skipped, logged once, counted."""

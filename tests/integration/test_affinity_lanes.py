@@ -176,7 +176,7 @@ def test_prompts_waiting_in_affinity_streams_are_counted_as_queued_work(redis_ur
                 for _ in range(3):
                     await store.xadd(stream, {"e": b"x"})
                 await store.xreadgroup(streams.GROUP, "w", {stream: ">"}, 1)  # one in progress
-            found = await status.model_status(store, keys, "queued", "causal_lm", [128], 1000)
+            found = await status.model_status(store, keys, "queued", "causal-lm", [128], 1000)
             total = await lane_streams.queue_length(store, keys, "queued", [128])
             return found, total
         finally:
