@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -253,9 +253,8 @@ class BatchRun:
                 await writer.discard()
                 continue
             filename = f"{self.id}_{name.removesuffix('_file_id')}.jsonl"
-            ttl_s = self._limits.output_ttl_s
-            meta = file_meta(file_ids[name], writer.size, filename, "batch_output", owner, ttl_s)
-            await writer.commit(meta)
+            meta = file_meta(file_ids[name], writer.size, filename, "batch_output", owner)
+            await writer.commit(replace(meta, expires_at=expires))  # the writer's own expiry
             ids[name] = file_ids[name]
         return ids
 
