@@ -23,7 +23,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.generate.engine import GenerationEngine
+from worker.generate.engine import GenerationEngine, cache_keyword
 from worker.generate.sampling import Sampling
 from worker.generate.steps import Admission
 
@@ -309,3 +309,20 @@ def test_prompt_scores_computed_in_chunks_equal_one_plain_forward(
     np.testing.assert_array_equal(scores.top_ids[1:], top.indices.numpy())
     np.testing.assert_allclose(scores.top_logprobs[1:], top.values.numpy(), rtol=1e-4, atol=1e-5)
     assert picked.token == int(logprobs[-1].argmax())  # and the first token, greedily
+
+
+def test_the_cache_goes_by_the_name_the_models_forward_takes() -> None:
+    """transformers 5.20 renamed `past_key_values` to `cache`; before it, a `cache=` is
+    swallowed by the forward's **kwargs and the model attends without the paged cache (the
+    vLLM venv's transformers 5.19 did so: a mask of 48 keys against 40)."""
+
+    class Before:
+        def forward(self, input_ids, past_key_values=None, **kwargs):  # type: ignore[no-untyped-def]
+            return None
+
+    class Since:
+        def forward(self, input_ids, cache=None, **kwargs):  # type: ignore[no-untyped-def]
+            return None
+
+    assert cache_keyword(Before()) == "past_key_values"
+    assert cache_keyword(Since()) == "cache"

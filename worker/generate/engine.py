@@ -16,6 +16,7 @@ Called from the worker's single compute thread only; never from the event loop.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,7 @@ class GenerationEngine:
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
         self._pad_id = int(self.model.config.pad_token_id or 0)
+        self._cache_keyword = cache_keyword(self.model)
         self.eos_ids = _eos_ids(self.model)
         self.block_size = block_size
         num_blocks = -(-kv_tokens // block_size) + 1  # and the null block
@@ -317,11 +319,19 @@ class GenerationEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            cache=cache,
+            **{self._cache_keyword: cache},
             use_cache=True,
             logits_to_keep=keep,
         )
         return out.logits.float()
+
+
+def cache_keyword(model) -> str:
+    """What the model's forward calls its KV cache: `cache` from transformers 5.20 on,
+    `past_key_values` before (there, a `cache=` would be swallowed by its **kwargs and the
+    model would attend without one)."""
+    forward = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in forward else "past_key_values"
 
 
 def _eos_ids(model) -> set[int]:
