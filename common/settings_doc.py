@@ -95,6 +95,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "quantize",
     ),
     "Worker: generation": (
+        "engine",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
         "max_running_seqs",
         "max_step_tokens",
         "kv_cache_tokens",

@@ -20,12 +20,13 @@ from worker.models import NOOP_MODEL, ModelFiles, describe
 
 if TYPE_CHECKING:
     from worker.generate.engine import GenerationEngine
+    from worker.generate.vllm_engine import VllmEngine
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     files: ModelFiles
-    runner: Runner | GenerationEngine
+    runner: Runner | GenerationEngine | VllmEngine
     max_tokens: int  # an encoder's limit capped by the largest bucket; a causal LM's context
     kind: ModelKind = ModelKind.EMBEDDING
     dtype: str = "float32"  # what it computes in: `settings.dtype` with `auto` resolved
@@ -34,6 +35,12 @@ class LoadedModel:
 def load_model(settings: Settings) -> LoadedModel:
     """Blocking: reads files and weights. Call it off the event loop."""
     files = describe(settings.model)
+    if files.causal_lm and settings.model != NOOP_MODEL and settings.engine == "vllm":
+        from worker.generate.vllm_engine import VllmEngine
+
+        dtype = _dtype(settings, causal_lm=True)
+        vllm = VllmEngine.start(settings, files, dtype)
+        return LoadedModel(files, vllm, vllm.context, ModelKind.CAUSAL_LM, dtype)
     if files.causal_lm and settings.model != NOOP_MODEL:
         from worker.generate.engine import GenerationEngine
 

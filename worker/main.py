@@ -127,10 +127,14 @@ def build_consumer(
         engine = model.runner
 
         def make_loop(wiring: Wiring) -> RunningLoop:
+            if settings.engine == "vllm":
+                from worker.generate.vllm_loop import VllmLoop
+
+                return VllmLoop(settings, wiring, engine, tokenizer)  # type: ignore[arg-type]
             return GenerationLoop(
                 settings,
                 wiring,
-                engine,
+                engine,  # type: ignore[arg-type]
                 tokenizer,
                 compute,
                 profiler=profiler,  # type: ignore[arg-type]

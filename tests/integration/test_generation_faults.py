@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from tests.conftest import (
+    ENGINES,
     Processes,
     eventually,
     free_port,
@@ -41,6 +42,37 @@ def slow_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("slow") / "slow-llama", shape)
 
 
+# vLLM's engine starts in tens of seconds, twice per test (the doomed worker, its peer)
+ENGINE_CASES = [
+    pytest.param(e, marks=[pytest.mark.timeout(300)] if e == "vllm" else []) for e in ENGINES
+]
+
+
+def engine_settings(engine: str) -> dict:
+    """The worker settings of one engine; vLLM's KV cache sized small (its CPU backend would
+    otherwise reserve most of the host's memory) and its start given time to compile."""
+    if engine == "microbatch":
+        return {}
+    return {"engine": "vllm", "kv_cache_tokens": 16_384}
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (vLLM's engine and its model workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
 def wait_running(metrics_url: str, count: int, timeout: float = 30.0) -> None:
     wait_until(
         lambda: metric(metrics_url, "microbatch_running_sequences"),
@@ -63,10 +95,12 @@ def text_events(events: list) -> list[dict]:
     return [e for e in events if isinstance(e, dict) and "choices" in e]
 
 
+@pytest.mark.parametrize("engine", ENGINE_CASES)
 def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
-    redis_url: str, processes: Processes, slow_model: Path
+    redis_url: str, processes: Processes, slow_model: Path, engine: str
 ) -> None:
-    common = {"redis_url": redis_url, "model": slow_model, **QUICK}
+    common = {"redis_url": redis_url, "model": slow_model, **QUICK, **engine_settings(engine)}
+    processes.cold = engine == "vllm"  # vLLM spawns its engine: a fresh interpreter, not a fork
     port = free_port()
     # One sequence at a time: the stream waits, unsent, behind the whole answer.
     doomed = processes.start("worker", metrics_port=port, max_running_seqs=1, **common)
@@ -74,6 +108,8 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
     wait_ready(gateway)
     whole_body = {"prompt": "kalo mine", "max_tokens": LONG, "temperature": 0}
     stream_body = {"prompt": "sati vobe", "max_tokens": 20, "temperature": 0}
+
+    engine_processes: list[int] = []
 
     async def scenario() -> tuple[httpx.Response, list]:
         events: list = []
@@ -88,6 +124,7 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
                 until=lambda q: q.pending == 2,
             )
             assert not events
+            engine_processes.extend(descendants(doomed.popen.pid))
             doomed.signal(signal.SIGKILL)
             processes.start("worker", **common)
             response = await whole
@@ -95,6 +132,13 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
         return response, events
 
     response, events = asyncio.run(scenario())
+    # vLLM's engine and model processes die with their worker, not left holding the memory
+    wait_until(
+        lambda: [p for p in engine_processes if Path(f"/proc/{p}").exists()],
+        30,
+        "the dead worker's engine processes gone",
+        until=lambda alive: not alive,
+    )
     assert response.status_code == 200, response.text
     answer = response.json()
     assert answer["usage"]["completion_tokens"] == LONG
@@ -106,10 +150,12 @@ def test_a_whole_generation_and_a_stream_that_sent_nothing_survive_their_worker(
     assert streamed == alone.json()["choices"][0]["text"]
 
 
+@pytest.mark.parametrize("engine", ENGINE_CASES)
 def test_a_stream_whose_worker_dies_after_sending_text_ends_with_an_error_not_repeats(
-    redis_url: str, processes: Processes, slow_model: Path
+    redis_url: str, processes: Processes, slow_model: Path, engine: str
 ) -> None:
-    common = {"redis_url": redis_url, "model": slow_model, **QUICK}
+    common = {"redis_url": redis_url, "model": slow_model, **QUICK, **engine_settings(engine)}
+    processes.cold = engine == "vllm"
     doomed = processes.start("worker", **common)
     gateway = processes.start("gateway", **common, **PATIENT)
     wait_ready(gateway)

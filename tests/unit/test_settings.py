@@ -49,6 +49,9 @@ def test_lists_parse_from_comma_separated_environment(monkeypatch: pytest.Monkey
         {"dtype": "int4"},
         {"files_store": "s3"},  # no bucket to keep them in
         {"files_store": "gcs"},
+        {"tensor_parallel_size": 2},  # the paged engine here runs a model on one device
+        {"pipeline_parallel_size": 2},
+        {"engine": "tgi"},
     ],
 )
 def test_inconsistent_settings_are_refused_at_start(bad: dict) -> None:

@@ -145,10 +145,15 @@ class Sequence:
         entry = self.entry
         at_limit = len(self.generated) >= entry.max_tokens
         if at_limit or entry.n_tokens + len(self.generated) >= context:
-            flushed, hit = self.stopper.add(self.detokenizer.flush())
-            text += flushed
-            return (text, "stop") if hit else (text + self.stopper.finish(), "length")
+            flushed, reason = self.cut()
+            return text + flushed, reason
         return text, ""
+
+    def cut(self) -> tuple[str, str]:
+        """End at a limit: the text still held back, and "stop" if it completes a stop
+        sequence, else "length"."""
+        flushed, hit = self.stopper.add(self.detokenizer.flush())
+        return (flushed, "stop") if hit else (flushed + self.stopper.finish(), "length")
 
     def chunk(self, text: str, finish: str, worker: str) -> Reply | None:
         """What to send now: every release when streamed, else only the final answer."""
