@@ -1,10 +1,13 @@
 # microbatch image: one image for every role (serve, gateway, worker).
 #   docker build -t microbatch .                              CPU torch (default)
 #   docker build --build-arg TORCH_VARIANT=cu126 -t microbatch:cuda .   CUDA torch
+#   docker build --build-arg TORCH_VARIANT=cu126 --build-arg EXTRAS=onnx,vllm -t microbatch:vllm .
+#                                        and vLLM's engine (`engine vllm`, docs/api.md)
 ARG PYTHON_IMAGE=python:3.11-slim
 FROM ${PYTHON_IMAGE}
 
 ARG TORCH_VARIANT=cpu
+ARG EXTRAS=onnx
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1 \
@@ -18,7 +21,7 @@ COPY common ./common
 COPY gateway ./gateway
 COPY worker ./worker
 # the onnx extra too, so every `backend` (torch, onnx, auto) can start in the image
-RUN pip install ".[onnx]"
+RUN pip install ".[${EXTRAS}]"
 
 RUN useradd --create-home --uid 10001 microbatch
 USER microbatch

@@ -173,10 +173,19 @@ def test_the_image_installs_the_extras_every_backend_needs() -> None:
         for instruction, rest in dockerfile()
         if instruction == "RUN" and rest.startswith("pip install")
     ]
-    project = [arg for args in installs for arg in args if arg.startswith(".")]
+    defaults = dict(  # a build argument's default: what `docker build` alone installs
+        rest.split("=", 1) for instruction, rest in dockerfile() if instruction == "ARG"
+    )
+    project = [
+        re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], arg)
+        for args in installs
+        for arg in args
+        if arg.startswith(".")
+    ]
     assert project, "the image never installs the project"
-    named = {e for arg in project for e in re.findall(r"\[([\w,]+)\]", arg) for e in e.split(",")}
+    named = {e for arg in project for e in re.findall(r"\[([\w,-]+)\]", arg) for e in e.split(",")}
     assert "onnx" in extras and "onnx" in named  # backend onnx and auto import onnxruntime
+    assert "vllm" in extras  # EXTRAS=onnx,vllm: an image for `engine vllm`
 
 
 def test_compose_profiles_add_a_reranker_and_a_chat_model_beside_the_embedder() -> None:
