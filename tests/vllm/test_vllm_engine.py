@@ -58,6 +58,19 @@ def deployment(
         procs.stop_all()
 
 
+def assert_engine_freed(deployment: Deployment) -> None:
+    """The worker holds nothing within seconds (not the tens a 1,900-token answer takes),
+    and answers the next request."""
+    wait_until(
+        lambda: metric(deployment.metrics_url, "microbatch_running_sequences"),
+        10,
+        "the worker holding nothing",
+        until=lambda n: n == 0,
+    )
+    after = deployment.client.completions.create(model=VLLM, prompt="mo", max_tokens=4)
+    assert after.choices[0].finish_reason in ("length", "stop")
+
+
 def test_greedy_answers_are_the_paged_engines_token_for_token(deployment: Deployment) -> None:
     for prompt in PROMPTS:
         answers = [
@@ -173,11 +186,17 @@ def test_a_passed_deadline_is_a_504_and_frees_the_engine(deployment: Deployment)
     )
     assert late.status_code == 504, late.text
     assert time.monotonic() - started < 10
-    wait_until(
-        lambda: metric(deployment.metrics_url, "microbatch_running_sequences"),
-        10,
-        "the worker holding nothing",
-        until=lambda n: n == 0,
-    )
-    after = deployment.client.completions.create(model=VLLM, prompt="mo", max_tokens=4)
-    assert after.choices[0].finish_reason in ("length", "stop")
+    assert_engine_freed(deployment)
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_engine(deployment: Deployment) -> None:
+    body = {"model": VLLM, "prompt": "mo", "max_tokens": 1900, "stream": True, **EOS_IGNORED}
+    with (
+        httpx.Client(base_url=deployment.base_url, timeout=30) as client,
+        client.stream("POST", "/v1/completions", json=body) as stream,
+    ):
+        lines = stream.iter_lines()
+        assert sum(1 for line, _ in zip(lines, range(6), strict=False) if line) >= 3
+    # the gateway marks the request cancelled; the worker cancels the choice, which aborts
+    # its vLLM request
+    assert_engine_freed(deployment)

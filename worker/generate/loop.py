@@ -249,7 +249,7 @@ class GenerationLoop:
             if picked.failed is not None:  # its own options or grammar: it alone fails
                 self._fail_family(seq, picked.failed, replies, done)
                 continue
-            self._observe_token(seq, now_s)
+            observe_token(seq, self._model, now_s)
             text, finish = seq.advance(picked, self._engine.context)
             chunk = seq.chunk(text, finish, self._name)
             if chunk is not None:
@@ -315,15 +315,6 @@ class GenerationLoop:
                 counter.labels(self._model).inc(after - before)
         self._cache_seen = now
 
-    def _observe_token(self, seq: Sequence, now_s: float) -> None:
-        if seq.last_token_s is None:
-            ttft_ms = wall_ms() - seq.entry.enqueued_ms
-            metrics.time_to_first_token_seconds.labels(self._model).observe(max(0, ttft_ms) / 1000)
-            event(seq.held.span, "first token", choice=seq.choice, ttft_ms=ttft_ms)
-        else:
-            metrics.inter_token_seconds.labels(self._model).observe(now_s - seq.last_token_s)
-        seq.last_token_s = now_s
-
     def _drop_unwanted(self) -> tuple[list[Reply], list[Done]]:
         """Free sequences whose client left (ack only) or whose deadline passed (504)."""
         now_ms = wall_ms()
@@ -360,6 +351,17 @@ class GenerationLoop:
 
     async def finish(self) -> None:
         """Steps run inline in `run`: nothing computes once it has returned."""
+
+
+def observe_token(seq: Sequence, model: str, now_s: float) -> None:
+    """A sequence's new token in the latency metrics: its first, or the gap since its last."""
+    if seq.last_token_s is None:
+        ttft_ms = wall_ms() - seq.entry.enqueued_ms
+        metrics.time_to_first_token_seconds.labels(model).observe(max(0, ttft_ms) / 1000)
+        event(seq.held.span, "first token", choice=seq.choice, ttft_ms=ttft_ms)
+    else:
+        metrics.inter_token_seconds.labels(model).observe(now_s - seq.last_token_s)
+    seq.last_token_s = now_s
 
 
 def _admissions(admitted: list[tuple[int, Sequence]]) -> list[Admission]:

@@ -23,6 +23,7 @@ from common.response_format import StructureError, grammar_problem
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.entry_spans import event
+from worker.generate.loop import observe_token
 from worker.generate.sampling import Sampling
 from worker.generate.sequence import Family, Sequence
 from worker.generate.vllm_engine import Refused, VllmEngine
@@ -139,7 +140,7 @@ class VllmLoop:
                 self.batches_run += 1
                 text = ""
                 for pick in picked:
-                    self._observe_token(seq)
+                    observe_token(seq, self._model, time.monotonic())
                     said, finish = seq.advance(pick, self._engine.context)
                     text += said
                     if finish:
@@ -192,16 +193,6 @@ class VllmLoop:
             seq.family.ended = True
             self._publisher.post([reply], [(seq.held.stream, seq.held.entry_id)], ordered=True)
             self._inbox.room_freed()
-
-    def _observe_token(self, seq: Sequence) -> None:
-        now_s = time.monotonic()
-        if seq.last_token_s is None:
-            ttft_ms = wall_ms() - seq.entry.enqueued_ms
-            metrics.time_to_first_token_seconds.labels(self._model).observe(max(0, ttft_ms) / 1000)
-            event(seq.held.span, "first token", choice=seq.choice, ttft_ms=ttft_ms)
-        else:
-            metrics.inter_token_seconds.labels(self._model).observe(now_s - seq.last_token_s)
-        seq.last_token_s = now_s
 
     # ---- the loop --------------------------------------------------------------------------
 
