@@ -200,3 +200,15 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(deployment: Deployment
     # the gateway marks the request cancelled; the worker cancels the choice, which aborts
     # its vLLM request
     assert_engine_freed(deployment)
+
+
+def test_best_of_returns_the_likeliest_candidates(deployment: Deployment) -> None:
+    asked = dict(model=VLLM, prompt="vobe ta", max_tokens=8, temperature=1.0, seed=5, n=3)
+    candidates = deployment.client.completions.create(**asked, logprobs=0)  # type: ignore[call-overload]
+    best = deployment.client.completions.create(**asked | {"n": 1}, best_of=3)  # type: ignore[call-overload]
+
+    def total(choice: object) -> float:
+        return sum(choice.logprobs.token_logprobs)  # type: ignore[attr-defined]
+
+    likeliest = max(candidates.choices, key=total)
+    assert [c.text for c in best.choices] == [likeliest.text]
