@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from common.protocol import Scores
+from worker.generate import attention
 from worker.generate.blocks import NULL_BLOCK, BlockManager
 from worker.generate.kv_store import KVStore
 from worker.generate.logprobs import prompt_scores, token_scores
@@ -88,14 +89,11 @@ class GenerationEngine:
         dtype: str = "float32",
         kv_dtype: str = "auto",
     ) -> None:
-        from transformers import AutoModelForCausalLM
-
         if threads:
             torch.set_num_threads(threads)
         self.device = torch.device(device)
         self.dtype = getattr(torch, dtype)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype)
-        self.model.to(self.device).eval()
+        self.model = load_causal_lm(path, self.dtype, self.device)
         self.packed_linears = pack_linears(self.model, self.device)
         config = self.model.config.get_text_config(decoder=True)
         self.context = int(config.max_position_embeddings)
@@ -324,6 +322,17 @@ class GenerationEngine:
             logits_to_keep=keep,
         )
         return out.logits.float()
+
+
+def load_causal_lm(path: Path, dtype: torch.dtype, device: torch.device):
+    """The model in `dtype` on `device`, for inference; its decode attention packs grouped
+    queries whatever transformers' version (attention.py)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation=attention.register()
+    )
+    return model.to(device).eval()
 
 
 def cache_keyword(model) -> str:
