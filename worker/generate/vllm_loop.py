@@ -15,11 +15,12 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 
 from common import metrics
 from common.clock import wall_ms
 from common.protocol import GenerateEntry
-from common.response_format import StructureError, grammar_problem
+from common.response_format import grammar_problem
 from common.settings import Settings
 from common.tasks import spawn_supervised
 from worker.entry_spans import event
@@ -134,30 +135,30 @@ class VllmLoop:
         options = sampling_options(seq.entry, seq.choice, self._engine.context)
         tokens = seq.entry.token_ids().tolist()
         finish = ""
+        # closed as the sequence ends here (a stop string): that aborts its vLLM request
+        deltas = aclosing(self._engine.generate(tokens, options, seq.attempt))
         try:
-            async for picked, last in self._engine.generate(tokens, options, seq.attempt):
-                self._progress_s = self._clock()
-                self.batches_run += 1
-                text = ""
-                for pick in picked:
-                    observe_token(seq, self._model, time.monotonic())
-                    said, finish = seq.advance(pick, self._engine.context)
-                    text += said
+            async with deltas as outputs:
+                async for picked, last in outputs:
+                    self._progress_s = self._clock()
+                    self.batches_run += 1
+                    text = ""
+                    for pick in picked:
+                        observe_token(seq, self._model, time.monotonic())
+                        said, finish = seq.advance(pick, self._engine.context)
+                        text += said
+                        if finish:
+                            break
+                    if last and not finish:  # vLLM's own end: max_tokens within the context
+                        said, finish = seq.cut()
+                        text += said
+                    metrics.generated_tokens_total.labels(self._model).inc(len(picked))
+                    self._say(seq, text, finish)
                     if finish:
-                        break
-                if last and not finish:  # vLLM's own end: max_tokens within the context
-                    said, finish = seq.cut()
-                    text += said
-                metrics.generated_tokens_total.labels(self._model).inc(len(picked))
-                self._say(seq, text, finish)
-                if finish:
-                    return
+                        return
         except Refused as exc:
             self._end_family(seq, error_reply(seq.entry, 400, "invalid_request", str(exc),
                                               self._name))  # fmt: skip
-        except StructureError as exc:
-            self._end_family(seq, error_reply(seq.entry, 400, "invalid_request",
-                                              f"response_format: {exc}", self._name))  # fmt: skip
         finally:
             self._sequences.pop(key, None)
             self._tasks.pop(key, None)
