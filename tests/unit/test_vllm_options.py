@@ -12,7 +12,7 @@ import pytest
 from common.protocol import GenerateEntry, pack_tokens
 from common.response_format import WHITESPACE
 from worker.generate.vllm_engine import kv_cache_bytes
-from worker.generate.vllm_options import picks, prompt_scores, sampling_options
+from worker.generate.vllm_options import picks, prompt_scores, sampling_options, token_scores
 
 pytestmark = pytest.mark.unit
 
@@ -70,8 +70,21 @@ def test_defaults_ask_vllm_for_nothing_extra() -> None:
     assert options["stop_token_ids"] == [] and "structured_json" not in options
 
 
+def test_seed_zero_and_zero_alternatives_are_asked_for_not_dropped() -> None:
+    # logprobs 0 is the chosen token's own score: what best_of ranks its candidates by
+    options = sampling_options(entry(seed=0, logprobs=0, prompt_logprobs=0), 1, context=2048)
+    assert (options["seed"], options["logprobs"], options["prompt_logprobs"]) == (1, 0, 0)
+
+
+def test_logit_bias_ids_and_values_must_pair() -> None:
+    unpaired = entry(bias_tokens=pack_tokens([3, 4]), bias_values=np.array([1], "<f4").tobytes())
+    with pytest.raises(ValueError):
+        sampling_options(unpaired, 0, context=2048)
+
+
 def test_max_tokens_fits_the_context_and_a_scored_prompt_asks_for_one() -> None:
     assert sampling_options(entry(max_tokens=5000), 0, context=100)["max_tokens"] == 96
+    assert sampling_options(entry(max_tokens=5000), 0, context=5)["max_tokens"] == 1
     # vLLM generates at least one token; `Sequence.advance` drops it for max_tokens 0
     assert sampling_options(entry(max_tokens=0), 0, context=100)["max_tokens"] == 1
 
@@ -113,20 +126,34 @@ def test_a_deltas_tokens_carry_their_scores_ranked_and_the_first_its_prompts() -
     assert second.logprobs.tolist() == pytest.approx([-4.0])
     assert second.top_ids.tolist() == [[8, 2]]
     assert second.top_logprobs[0].tolist() == pytest.approx([-0.3, -1.0])
+    assert first.logprobs.dtype == np.float32 and first.top_logprobs.dtype == np.float32
+    assert first.top_ids.dtype == np.uint32
     scored = got[0].prompt
     assert scored is not None
+    assert scored.top_ids.shape == (3, 2) and scored.top_logprobs.shape == (3, 2)
+    assert scored.logprobs.dtype == scored.top_logprobs.dtype == np.float32
+    assert scored.top_ids.dtype == np.uint32
     assert np.isnan(scored.logprobs[0]) and np.isnan(scored.top_logprobs[0]).all()
     assert scored.logprobs[1:].tolist() == pytest.approx([-3.0, -0.5])  # its own tokens 6, 7
     assert scored.top_ids[1:].tolist() == [[1, 2], [7, 3]]
 
 
-def test_a_delta_without_scores_asked_carries_none() -> None:
+def test_a_delta_without_scores_asked_or_given_carries_none() -> None:
+    assert picks([4], None, 2)[0].scores is None  # asked, but vLLM gave none: no crash
+    assert picks([4], [{4: Lp(-0.5, 1)}], 0)[0].scores is not None  # k 0: its own score
+    assert picks([4], [{4: Lp(-0.5, 1)}], -1)[0].scores is None
+    assert picks([4], None, -1, cached=8)[0].cached == -1  # only a request's first delta
     got = picks([4, 5, 6], None, -1)
     assert [(p.token, p.scores, p.prompt, p.cached) for p in got] == [
         (4, None, None, -1),
         (5, None, None, -1),
         (6, None, None, -1),
     ]
+
+
+def test_scores_must_pair_with_their_tokens() -> None:
+    with pytest.raises(ValueError):
+        token_scores([4, 5], [{4: Lp(-0.5, 1)}], 1)
 
 
 def test_a_one_token_prompt_has_only_its_empty_first_score() -> None:

@@ -25,10 +25,9 @@ from worker.generate.steps import Picked
 
 
 class Logprob(Protocol):
-    """vLLM's `Logprob`: one token's log probability and its rank (1 = the likeliest)."""
+    """vLLM's `Logprob`: one token's log probability (and its rank, not read here)."""
 
     logprob: float
-    rank: int | None
 
 
 TokenLogprobs = Mapping[int, Logprob]
@@ -92,15 +91,15 @@ def picks(
 
 
 def token_scores(tokens: Sequence[int], dicts: Sequence[TokenLogprobs], k: int) -> Scores:
-    """Each token's log probability and its `k` likeliest alternatives, by rank; vLLM adds
-    the chosen token to its top k when it ranks below them."""
+    """Each token's log probability and its `k` likeliest alternatives, likeliest first;
+    vLLM adds the chosen token to its top k when it ranks below them."""
     chosen = np.array([d[t].logprob for t, d in zip(tokens, dicts, strict=True)], "<f4")
     ids = np.zeros((len(tokens), k), "<u4")
     values = np.zeros((len(tokens), k), "<f4")
     for row, d in enumerate(dicts):
-        top = sorted((lp.rank or 0, t, lp.logprob) for t, lp in d.items())[:k]
-        ids[row, : len(top)] = [t for _, t, _ in top]
-        values[row, : len(top)] = [v for _, _, v in top]
+        top = sorted(d.items(), key=lambda item: -item[1].logprob)[:k]
+        ids[row, : len(top)] = [t for t, _ in top]
+        values[row, : len(top)] = [lp.logprob for _, lp in top]
     return Scores(chosen, ids, values)
 
 
