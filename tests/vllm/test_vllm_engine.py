@@ -212,3 +212,12 @@ def test_best_of_returns_the_likeliest_candidates(deployment: Deployment) -> Non
 
     likeliest = max(candidates.choices, key=total)
     assert [c.text for c in best.choices] == [likeliest.text]
+
+
+def test_vllms_own_figures_reach_the_workers_metrics(deployment: Deployment) -> None:
+    prompt = "kalo mine sati vobe ta ri nasu keli po " * 12  # several whole blocks
+    for _ in range(2):  # the second finds the first's blocks in vLLM's prefix cache
+        deployment.client.completions.create(model=VLLM, prompt=prompt, max_tokens=2)
+    queried = metric(deployment.metrics_url, "microbatch_prefix_cache_queried_tokens_total")
+    hits = metric(deployment.metrics_url, "microbatch_prefix_cache_hit_tokens_total")
+    assert queried > 0 and hits > 0, (queried, hits)
