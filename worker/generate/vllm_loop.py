@@ -35,6 +35,9 @@ from worker.wiring import Wiring
 
 log = logging.getLogger("microbatch.worker")
 POLL_S = 0.05  # how often held sequences are checked for a client that left or a deadline
+# vLLM samples (its own SamplingParams, vllm_options): a sequence here reads only its
+# sampling's grammar, which vLLM enforces instead; no per-request tensors are built for it
+NOT_SAMPLED_HERE = Sampling(temperature=0.0, top_p=1.0, seed=-1)
 
 
 class VllmLoop:
@@ -106,7 +109,7 @@ class VllmLoop:
                 attempt,
                 self._engine.eos_ids,
                 family,
-                Sampling.of(entry, set()),  # vLLM samples: this holds no grammar here
+                NOT_SAMPLED_HERE,
                 choice,
             )
             seq.queue_ms = max(0.0, wall_ms() - entry.enqueued_ms)
@@ -157,8 +160,8 @@ class VllmLoop:
                     if finish:
                         return
         except Refused as exc:
-            self._end_family(seq, error_reply(seq.entry, 400, "invalid_request", str(exc),
-                                              self._name))  # fmt: skip
+            self._end_family(key, seq, error_reply(seq.entry, 400, "invalid_request", str(exc),
+                                                   self._name))  # fmt: skip
         finally:
             self._sequences.pop(key, None)
             self._tasks.pop(key, None)
@@ -184,11 +187,12 @@ class VllmLoop:
         if done:
             self._inbox.room_freed()
 
-    def _end_family(self, seq: Sequence, reply: Reply) -> None:
-        """Answer the entry with `reply` and stop every other choice of it."""
-        for key in seq.family.keys:
-            task = self._tasks.get(key)
-            if task is not None and key != seq.order:
+    def _end_family(self, key: int, seq: Sequence, reply: Reply) -> None:
+        """Answer the entry with `reply` and stop every other choice of it (`key`'s own
+        task is the one calling)."""
+        for sibling in seq.family.keys:
+            task = self._tasks.get(sibling)
+            if task is not None and sibling != key:
                 task.cancel()
         if not seq.family.ended:
             seq.family.ended = True
