@@ -12,6 +12,7 @@ same values; a prefill, and a model without grouped queries, go to transformers'
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -31,13 +32,11 @@ def packed_decode_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: (B, H, 1, D) queries against (B, Hkv, K,
     D) keys, a mask shared by the heads; the output (B, 1, H, D)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
     batch, heads, q_length, dim = query.shape
     shared_mask = attention_mask is None or attention_mask.shape[1] == 1
     if q_length != 1 or groups == 1 or not shared_mask or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(
+        return _transformers_sdpa()(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     packed = query.reshape(batch, heads // groups, groups, dim)
@@ -45,6 +44,14 @@ def packed_decode_attention(
         packed, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling
     )
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _transformers_sdpa() -> Any:
+    """transformers' own SDPA attention, imported once (this runs per layer per step)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
 
 
 def register() -> str:
