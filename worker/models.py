@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -197,3 +198,15 @@ def read_activation(config: dict) -> str:
         if last in ACTIVATIONS:
             return ACTIVATIONS[last]
     return "sigmoid" if len(read_labels(config)) == 1 else "softmax"
+
+
+def eos_ids_of(values: Iterable[object]) -> set[int]:
+    """The end-of-sequence ids among `eos_token_id` values as configs spell them: an id, a
+    list of ids, or none."""
+    ids: set[int] = set()
+    for value in values:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(int(v) for v in value)
+    return ids

@@ -33,6 +33,7 @@ from worker.generate.packed_linear import pack_linears
 from worker.generate.sampling import Sampling, sample
 from worker.generate.scheduler import prefill_groups
 from worker.generate.steps import Admission, Picked
+from worker.models import eos_ids_of
 
 
 @dataclass(slots=True)
@@ -344,11 +345,5 @@ def cache_keyword(model) -> str:
 
 
 def _eos_ids(model) -> set[int]:
-    ids: set[int] = set()
-    for config in (getattr(model, "generation_config", None), model.config):
-        value = getattr(config, "eos_token_id", None) if config is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list | tuple):
-            ids.update(int(v) for v in value)
-    return ids
+    configs = (getattr(model, "generation_config", None), model.config)
+    return eos_ids_of(getattr(c, "eos_token_id", None) for c in configs if c is not None)

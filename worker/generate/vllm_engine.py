@@ -19,7 +19,7 @@ from common import metrics
 from common.settings import Settings
 from worker.generate.steps import Picked
 from worker.generate.vllm_options import picks
-from worker.models import ModelFiles
+from worker.models import ModelFiles, eos_ids_of
 
 log = logging.getLogger("microbatch.worker")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
@@ -134,18 +134,9 @@ class VllmEngine:
 def _eos_ids(path: Any, config: dict) -> set[int]:
     """The model's end-of-sequence ids, as the paged engine reads them: the generation
     config's and the model config's."""
-    ids: set[int] = set()
-    sources = [config]
     generation = path / "generation_config.json"
-    if generation.exists():
-        sources.insert(0, json.loads(generation.read_text()))
-    for source in sources:
-        value = source.get("eos_token_id")
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    return ids
+    sources = [json.loads(generation.read_text())] if generation.exists() else []
+    return eos_ids_of(source.get("eos_token_id") for source in [*sources, config])
 
 
 def _stats_for(model: str) -> Any:
