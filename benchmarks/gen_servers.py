@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.batching import env_with, free_port, started
 from benchmarks.embed_servers import ArmUnavailable, Server, microbatch_serve, wait_http
+from tests.proc_tree import descendants
 
 MODEL_NAME = "smollm2"
 VLLM_KV_GIB = 4  # vLLM's server arm's KV cache; the mb-vllm arm is given as many positions
@@ -60,19 +61,7 @@ QUESTIONS = [
 
 def rss_tree_mb(root: int) -> float:
     """Resident memory of `root` and every process below it, from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        total += _rss_mb(pid)
-    return total
+    return sum(_rss_mb(pid) for pid in [root, *descendants(root)])
 
 
 def _rss_mb(pid: int) -> float:

@@ -17,7 +17,6 @@ import orjson
 import pytest
 
 from tests.conftest import (
-    ENGINES,
     Processes,
     eventually,
     free_port,
@@ -26,7 +25,9 @@ from tests.conftest import (
     wait_until,
     wait_workers,
 )
+from tests.engines import ENGINES
 from tests.integration.test_generation import metric
+from tests.proc_tree import descendants
 from worker.generate.tiny_model import TinyShape, write_tiny_model
 
 QUICK = {"claim_idle_ms": 1000, "heartbeat_interval_ms": 200}
@@ -54,23 +55,6 @@ def engine_settings(engine: str) -> dict:
     if engine == "microbatch":
         return {}
     return {"engine": "vllm", "kv_cache_tokens": 16_384}
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, read from /proc (vLLM's engine and its model workers)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found += below
-        todo += below
-    return found
 
 
 def wait_running(metrics_url: str, count: int, timeout: float = 30.0) -> None:
