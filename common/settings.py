@@ -154,9 +154,13 @@ class Settings(GatewaySettings, BatchSettings, BaseSettings):
     torch_threads: int | None = Field(
         default=None,
         gt=0,
-        description="threads per batch; none = the cores, within a CPU quota, split over streams",
+        description="threads per batch; none = the cores, within a CPU quota, split over "
+        "streams (`engine vllm` binds its own)",
     )
-    device: str = Field(default="cpu", description="torch device of the worker")
+    device: str = Field(
+        default="cpu",
+        description="torch device of the worker (`engine vllm`: the vLLM build installed decides)",
+    )
     # auto: both engines loaded, each bucket on the one that ran its shapes faster at load.
     backend: Literal["torch", "onnx", "auto"] = Field(
         default="torch", description="encoder engine: `torch`, `onnx` or `auto`"
@@ -209,7 +213,11 @@ class Settings(GatewaySettings, BatchSettings, BaseSettings):
         gt=0,
         description="the paged KV pool, in positions; past it the newest pause",
     )
-    kv_block_size: int = Field(default=16, gt=0, description="positions per KV cache block")
+    kv_block_size: int = Field(
+        default=16,
+        gt=0,
+        description="positions per KV cache block (`engine vllm` sizes its own blocks)",
+    )
     prefix_caching: bool = Field(
         default=True,
         description="keep full blocks named by their prefix, for later prompts to reuse",
