@@ -26,11 +26,17 @@ class Lanes:
         self._store, self._keys = store, keys
         self._announced: dict[tuple[str, str], tuple[float, float]] = {}  # -> (when, weight)
 
+    def due(self, model: str, tenant: str, weight: float) -> bool:
+        """Whether the lane is to be announced (again) before its next entry: checked
+        without a coroutine, as every request of a tenant asks."""
+        last = self._announced.get((model, tenant))
+        return last is None or time.monotonic() - last[0] >= ANNOUNCE_EVERY_S or last[1] != weight
+
     async def announce(self, model: str, tenant: str, weight: float) -> None:
+        if not self.due(model, tenant, weight):
+            return
         now = time.monotonic()
         last = self._announced.get((model, tenant))
-        if last is not None and now - last[0] < ANNOUNCE_EVERY_S and last[1] == weight:
-            return
         key = self._keys.lanes(model)
         pipe = pipeline(self._store)  # one round trip
         pipe.hset(key, tenant, repr(weight))

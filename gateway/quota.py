@@ -26,6 +26,8 @@ LEASE_MIN_BURST = 64
 LEASE_S = 1.0
 UNMETERED = 1 << 62  # what a gateway may spend of a pace a tenant does not have
 
+RawHeaders = tuple[tuple[bytes, bytes], ...]  # lower-case names, latin-1: as Starlette holds them
+
 
 @dataclass(frozen=True, slots=True)
 class Pace:
@@ -105,6 +107,10 @@ class Verdict:
             out["Retry-After"] = str(max(1, -(-self.retry_after_us // 1_000_000)))
         return out
 
+    def raw_headers(self) -> RawHeaders:
+        """`headers()` encoded as a response holds them, once for every answer they go on."""
+        return encoded(self.headers())
+
 
 @dataclass(slots=True)
 class Allowance:
@@ -114,10 +120,10 @@ class Allowance:
     requests: int
     tokens: int
     until_s: float
-    headers: dict[str, str]
+    headers: RawHeaders
 
     @classmethod
-    def of(cls, headers: dict[str, str], requests: Pace, tokens: Pace, now_s: float) -> Allowance:
+    def of(cls, headers: RawHeaders, requests: Pace, tokens: Pace, now_s: float) -> Allowance:
         def left(pace: Pace) -> int:
             return UNMETERED if pace.per_minute is None else pace.lease
 
@@ -130,6 +136,10 @@ class Allowance:
         self.requests -= requests
         self.tokens -= tokens
         return True
+
+
+def encoded(headers: dict[str, str]) -> RawHeaders:
+    return tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
 
 
 def go_duration(us: int) -> str:

@@ -24,7 +24,7 @@ from common.keys import Keys
 from common.store import Store
 from common.tasks import only_logged, spawn_supervised
 from common.tenants import Tenant
-from gateway.quota import MINUTE_US, Allowance, Pace, Verdict, too_large
+from gateway.quota import MINUTE_US, Allowance, Pace, RawHeaders, Verdict, too_large
 
 log = logging.getLogger("microbatch.gateway")
 CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
@@ -104,7 +104,7 @@ class Charge:
 
     tenant: str
     tokens: Pace
-    headers: dict[str, str]  # the tenant's standing, as OpenAI's rate-limit headers
+    headers: RawHeaders  # the tenant's standing, as OpenAI's rate-limit headers
 
     def fields(self) -> list[str | int | None]:
         """What a stored background run keeps, so whichever gateway ends it settles it."""
@@ -113,7 +113,7 @@ class Charge:
     @classmethod
     def of_fields(cls, fields: list[Any]) -> Charge:
         tenant, per_minute, cost = fields
-        return cls(tenant, Pace(per_minute, cost), {})
+        return cls(tenant, Pace(per_minute, cost), ())
 
 
 class Quotas:
@@ -130,16 +130,16 @@ class Quotas:
         Raises 429 with OpenAI's headers over a quota, 400 for a request no quota can hold."""
         if tenant.requests_per_minute is None and tenant.tokens_per_minute is None:
             return None
-        asked = Pace(tenant.requests_per_minute if requests else None, requests)
         costs = Pace(tenant.tokens_per_minute, tokens)
+        now_s = time.monotonic()
+        allowance = self._allowances.get(name)  # a lease never holds a request too large
+        if allowance is not None and allowance.take(requests, tokens, now_s):
+            metrics.quota_checks_by("admitted_leased").inc()
+            return Charge(name, costs, allowance.headers)
         problem = too_large(costs)
         if problem is not None:
             raise InvalidRequest(problem, param="max_tokens", code="request_too_large")
-        now_s = time.monotonic()
-        allowance = self._allowances.get(name)
-        if allowance is not None and allowance.take(asked.cost, costs.cost, now_s):
-            metrics.quota_checks_by("admitted_leased").inc()
-            return Charge(name, costs, allowance.headers)
+        asked = Pace(tenant.requests_per_minute if requests else None, requests)
         keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
         args = [*asked.args(), *costs.args(), MINUTE_US]  # ARGV[9]: the minute
         try:
@@ -162,7 +162,7 @@ class Quotas:
                 headers=verdict.headers(),
             )
         metrics.quota_checks_by("admitted").inc()
-        headers = verdict.headers()
+        headers = verdict.raw_headers()
         if verdict.leased and requests:  # a whole request's charge: its lease is spendable
             self._allowances[name] = Allowance.of(headers, asked, costs, now_s)
         return Charge(name, costs, headers)

@@ -91,7 +91,7 @@ async def charge_quota(
     with tracing.span(services.tracer, "quota"):
         charge = await services.quotas.charge(call.tenant or "", tenant, tokens, requests)
     if charge is not None and requests:
-        call.headers.update(charge.headers)
+        call.headers.extend(charge.headers)
     return charge
 
 
@@ -141,7 +141,8 @@ async def lane_of(services: Services, call: Call, model: ModelEntry) -> str | No
     tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
     if tenant is None or call.tenant is None or model.live_workers == 0:
         return None
-    await services.lanes.announce(model.info.name, call.tenant, tenant.weight)
+    if services.lanes.due(model.info.name, call.tenant, tenant.weight):
+        await services.lanes.announce(model.info.name, call.tenant, tenant.weight)
     return call.tenant
 
 

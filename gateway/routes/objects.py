@@ -39,7 +39,7 @@ def answers_errors(handler: Handler) -> Handler:
 def caller(request: Request) -> tuple[Services, str]:
     """The services and the owner a call acts for (401, 429 as on every API route)."""
     services: Services = request.app.state.services
-    key = authorize(services, request.headers.get("authorization"))
+    key, _ = authorize(services, request.headers.get("authorization"))
     return services, owner_of(key)
 
 

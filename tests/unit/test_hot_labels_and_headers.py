@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter
 
 from common.metrics import Children
+from gateway.quota import encoded
 from gateway.request import add_headers
 
 
@@ -24,7 +25,7 @@ def test_a_cached_child_is_the_metric_s_own_child_for_those_labels() -> None:
 def test_added_headers_are_those_update_would_leave() -> None:
     headers = {"X-Request-ID": "r1", "x-ratelimit-limit-requests": "60", "content-type": "a/b"}
     fast, slow = JSONResponse({"a": 1}), JSONResponse({"a": 1})
-    add_headers(fast, headers)
+    add_headers(fast, encoded(headers))
     slow.headers.update(headers)
     assert sorted(fast.raw_headers) == sorted(slow.raw_headers)
     assert fast.headers["content-type"] == "a/b"  # a name already there is replaced, once
@@ -35,6 +36,6 @@ def test_added_headers_are_those_update_would_leave() -> None:
 def test_one_name_twice_in_other_cases_is_set_once_as_update_does() -> None:
     fast, slow = JSONResponse({}), JSONResponse({})
     twice = {"X-Request-ID": "first", "x-request-id": "second"}
-    add_headers(fast, twice)
+    add_headers(fast, encoded(twice))
     slow.headers.update(twice)
     assert fast.headers.getlist("x-request-id") == slow.headers.getlist("x-request-id")

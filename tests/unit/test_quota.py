@@ -42,6 +42,10 @@ def test_an_admitted_verdict_tells_each_quota_it_has_and_no_retry() -> None:
         "x-ratelimit-remaining-tokens": "5880",
         "x-ratelimit-reset-tokens": "1.2s",
     }
+    # as a response holds them, encoded once for every answer of the lease
+    assert dict(verdict.raw_headers()) == {
+        k.encode(): v.encode() for k, v in verdict.headers().items()
+    }
 
 
 def test_a_refusal_says_which_quota_and_when_to_retry_rounded_up() -> None:
@@ -71,10 +75,10 @@ def test_a_request_larger_than_the_whole_quota_is_named_never_retried() -> None:
 
 def test_a_lease_is_spent_locally_until_it_runs_out_or_expires() -> None:
     verdict = Verdict.of([1, 0, 0, 1, 0, 0, 0, 0], Pace(None, 1), Pace(6000, 40))
-    allowance = Allowance.of(verdict.headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
+    allowance = Allowance.of(verdict.raw_headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
     assert allowance.tokens == 75 and allowance.requests == UNMETERED
     assert allowance.take(1, 40, 100.1) and allowance.tokens == 35
     assert not allowance.take(1, 40, 100.2)  # not enough left: Redis is asked
     assert allowance.take(1, 35, 100.3) and allowance.tokens == 0
-    fresh = Allowance.of(verdict.headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
+    fresh = Allowance.of(verdict.raw_headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
     assert not fresh.take(1, 1, 100.0 + LEASE_S)  # expired: dropped, never handed back
