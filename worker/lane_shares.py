@@ -13,6 +13,7 @@ and a lane alone is never held back (work-conserving). Pure: no I/O, no clock.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from common.protocol import GenerateEntry, RequestEntry
@@ -76,11 +77,10 @@ class LaneShares:
             lane: 0 if lane in self._backlogged else max(1, round(room * w / (busy + w)))
             for lane, w in self._weights.items()
         }
-        projected = {lane: self._served[lane] for lane in backlogged}
-        for _ in range(max(1, room)):
-            lane = min(projected, key=projected.__getitem__)
-            out[lane] += 1
-            projected[lane] += self._mean_cost[lane] / self._weights[lane]
+        served = {lane: self._served[lane] for lane in backlogged}
+        steps = {lane: self._mean_cost[lane] / self._weights[lane] for lane in backlogged}
+        for lane, n in fill(served, steps, max(1, room)).items():
+            out[lane] += n
         return {lane: n for lane, n in out.items() if n > 0}
 
     def read(
@@ -109,6 +109,45 @@ class LaneShares:
         if served:
             self._level = max(self._level, min(served))
         return self._level
+
+
+def fill(served: Mapping[str, float], steps: Mapping[str, float], room: int) -> dict[str, int]:
+    """`room` entries, one at a time, each to the lane whose count (`served`, plus `steps`
+    for each entry it was given) is least, the first such lane on a tie: taken in bulk up to
+    a level every lane's next entry passes, then one at a time. Per read the loop alone cost
+    0.4 us an entry of room (28 us for 64, every read of a tenants' worker, measured)."""
+    taken = dict.fromkeys(served, 0)
+    if len(served) == 1:
+        taken[next(iter(served))] = room
+        return taken
+    projected = dict(served)
+    # every entry counted below `below` comes before every entry at or above it
+    below = water_level(served, steps, room) - max(steps.values())
+    for lane, start in served.items():
+        if below > start:
+            taken[lane] = math.ceil((below - start) / steps[lane])
+            projected[lane] = start + taken[lane] * steps[lane]
+    if sum(taken.values()) > room:  # rounding at the edge: one at a time from the start
+        taken, projected = dict.fromkeys(served, 0), dict(served)
+    for _ in range(room - sum(taken.values())):
+        lane = min(projected, key=projected.__getitem__)
+        taken[lane] += 1
+        projected[lane] += steps[lane]
+    return taken
+
+
+def water_level(served: Mapping[str, float], steps: Mapping[str, float], room: int) -> float:
+    """The count every lane would reach were `room` entries shared as a fluid: the level L
+    where the lanes below it take sum((L - served) / step) = room."""
+    rate = offset = 0.0
+    lanes = sorted(served, key=served.__getitem__)
+    for k, lane in enumerate(lanes):
+        rate += 1 / steps[lane]
+        offset += served[lane] / steps[lane]
+        level = (room + offset) / rate
+        if k + 1 == len(lanes) or level <= served[lanes[k + 1]]:
+            return level
+    raise ValueError("no lanes")
 
 
 class FairOrder:

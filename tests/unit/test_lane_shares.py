@@ -5,9 +5,11 @@ held back; and the fair order held rows are batched in."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from common.protocol import GenerateEntry, RequestEntry
-from worker.lane_shares import LaneShares, cost_of
+from worker.lane_shares import LaneShares, cost_of, fill
 
 pytestmark = pytest.mark.unit
 
@@ -110,3 +112,42 @@ def test_a_lane_back_while_every_queue_was_empty_a_moment_starts_at_the_level() 
     _backlog(shares, "a", "b")
     counts = shares.counts(10)
     assert abs(counts["a"] - counts["b"]) <= 1
+
+
+def _one_at_a_time(served: dict[str, float], steps: dict[str, float], room: int) -> dict[str, int]:
+    """What `fill` stands for: each entry to the least counted lane, the first on a tie."""
+    taken, projected = dict.fromkeys(served, 0), dict(served)
+    for _ in range(room):
+        lane = min(projected, key=projected.__getitem__)
+        taken[lane] += 1
+        projected[lane] += steps[lane]
+    return taken
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    lanes=st.lists(
+        st.tuples(st.integers(0, 4000), st.integers(1, 64), st.sampled_from([1, 2, 4, 8])),
+        min_size=1,
+        max_size=12,
+    ),
+    room=st.integers(1, 300),
+)
+def test_the_room_taken_in_bulk_is_what_one_entry_at_a_time_gives(
+    lanes: list[tuple[int, int, int]], room: int
+) -> None:
+    # counts in sixteenths and steps of a cost over a power-of-two weight: exact in floating
+    # point either way, so a tie is a tie in both and the first lane takes it in both
+    served = {f"t{i}": start / 16 for i, (start, _, _) in enumerate(lanes)}
+    steps = {f"t{i}": cost / weight for i, (_, cost, weight) in enumerate(lanes)}
+    assert fill(served, steps, room) == _one_at_a_time(served, steps, room)
+
+
+def test_the_room_taken_in_bulk_keeps_weights_whatever_the_counts() -> None:
+    served = {"a": 0.1, "b": 1 / 3, "c": 7.25}
+    steps = {"a": 1 / 3, "b": 1 / 7, "c": 0.9}
+    taken = fill(served, steps, 250)
+    assert sum(taken.values()) == 250
+    reached = {lane: served[lane] + taken[lane] * steps[lane] for lane in served}
+    # each lane ends within one of its steps of the others: the level is shared
+    assert max(reached.values()) - min(reached.values()) <= max(steps.values()) + 1e-9
