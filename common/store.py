@@ -8,6 +8,7 @@ same stream code in every mode.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import hiredis
@@ -189,6 +190,32 @@ def _open_cluster(url: str, timeout: float) -> RedisCluster:
         health_check_interval=30,
         retry=Retry(ExponentialWithJitterBackoff(cap=1.0, base=0.01), retries=3),
     )
+
+
+# A script's clock, in us: Redis's TIME, the one every gateway shares. The embedded store has
+# no TIME, and lives in one process whose clock is the only one: there the caller's clock
+# stands in, given as the script's last argument ("" on a server). See `run_script`.
+SCRIPT_CLOCK = """
+local function now_us()
+  local given = ARGV[#ARGV]
+  if given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+"""
+
+
+async def run_script(
+    store: Store, script: str, keys: list[str], args: list[Any], clock: bool = False
+) -> Any:
+    """EVAL the same in every mode: arguments encoded as redis-py encodes them (the embedded
+    store takes only strings and bytes), and with `clock` (a script that begins with
+    `SCRIPT_CLOCK`) the clock argument appended."""
+    values = [a if isinstance(a, str | bytes) else repr(a) for a in args]
+    if clock:
+        server = isinstance(store, Redis | RedisCluster)
+        values.append("" if server else repr(time.time_ns() // 1000))
+    return await store.eval(script, len(keys), *keys, *values)
 
 
 def pipeline(store: Store) -> Any:

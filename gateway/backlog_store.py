@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from common.clock import wall_ms
 from common.keys import Keys
-from common.store import Store, pipeline
+from common.store import Store, pipeline, run_script
 from common.tasks import only_logged, spawn_supervised
 
 log = logging.getLogger("microbatch.gateway")
@@ -76,9 +76,8 @@ class Backlogs:
         deadlines = self._keys.backlog(tenant, model)
         keys = (deadlines, f"{deadlines}:tokens")
         try:
-            admitted, queued = await self._store.eval(
-                _RESERVE, 2, *keys, wall_ms(), request_id, deadline_ms, tokens, cap
-            )
+            args = [wall_ms(), request_id, deadline_ms, tokens, cap]
+            admitted, queued = await run_script(self._store, _RESERVE, list(keys), args)
         except RedisError as exc:
             log.warning("tenant %r's backlog could not be checked, admitted: %s", tenant, exc)
             return Reservation(keys, ""), 0

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from common import metrics
 from common.errors import InvalidRequest, RateLimited, ServiceUnavailable
 from common.keys import Keys
-from common.store import Store
+from common.store import SCRIPT_CLOCK, Store, run_script
 from common.tasks import only_logged, spawn_supervised
 from common.tenants import Tenant
 from gateway.quota import MINUTE_US, Allowance, Pace, RawHeaders, Verdict, too_large
@@ -31,14 +31,15 @@ CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
 
 # KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us (a fraction above
 # 60M a minute), burst, cost, lease per pace (interval 0: no such quota), then a minute in
-# us. A pace's value is its theoretical arrival time (TAT, us, to the nanosecond); a charge
-# fits when it leaves the TAT at most max(burst, charge) units ahead of now. The request is
-# charged with each pace's lease if that fits, else alone. Reply: admitted, retry_after_us,
-# refused_by (1, 2), leased, then per pace the units left this minute and the us until it
-# is rested.
-_CHARGE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+# us, then the clock (`SCRIPT_CLOCK`). A pace's value is its theoretical arrival time (TAT,
+# us, to the nanosecond); a charge fits when it leaves the TAT at most max(burst, charge)
+# units ahead of now. The request is charged with each pace's lease if that fits, else
+# alone. Reply: admitted, retry_after_us, refused_by (1, 2), leased, then per pace the units
+# left this minute and the us until it is rested.
+_CHARGE = (
+    SCRIPT_CLOCK
+    + """
+local now = now_us()
 local tat = {}
 for i = 1, 2 do
   if tonumber(ARGV[4 * i - 3]) > 0 then
@@ -84,18 +85,21 @@ for i = 1, 2 do
 end
 return out
 """
+)
 
-# KEYS: a tokens pace. ARGV: units handed back, interval_us. Never rests it below now: an
-# answer that used less than it was charged gives back what it did not use, no more.
-_REFUND = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+# KEYS: a tokens pace. ARGV: units handed back, interval_us, the clock. Never rests it below
+# now: an answer that used less than it was charged gives back what it did not use, no more.
+_REFUND = (
+    SCRIPT_CLOCK
+    + """
+local now = now_us()
 local stored = tonumber(redis.call('GET', KEYS[1]) or '0')
 if stored <= now then return 0 end
 local at = math.max(now, stored - tonumber(ARGV[1]) * tonumber(ARGV[2]))
 redis.call('SET', KEYS[1], string.format('%.3f', at), 'PX', math.ceil((at - now) / 1000) + 1000)
 return 1
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +148,7 @@ class Quotas:
         args = [*asked.args(), *costs.args(), MINUTE_US]  # ARGV[9]: the minute
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
-                reply = await self._store.eval(_CHARGE, 2, *keys, *args)
+                reply = await run_script(self._store, _CHARGE, keys, args, clock=True)
         except (RedisError, TimeoutError) as exc:
             self._unchecked(name, exc)
             return None
@@ -179,7 +183,7 @@ class Quotas:
 
     async def _refund(self, key: str, unused: int, pace: Pace) -> None:
         try:
-            await self._store.eval(_REFUND, 1, key, unused, pace.interval_us)
+            await run_script(self._store, _REFUND, [key], [unused, pace.interval_us], clock=True)
         except RedisError as exc:  # the tenant is charged its max_tokens: never over-admits
             log.warning("a quota refund was lost (Redis did not answer): %s", exc)
 

@@ -16,7 +16,7 @@ import orjson
 
 from common.keys import Keys
 from common.protocol import ErrorReply, GenerationChunk, ProtocolError, decode
-from common.store import Store
+from common.store import Store, run_script
 from common.streams import StreamEntry, entries_of
 
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -74,7 +74,7 @@ class ResponseStore:
         this call wrote it."""
         keys = [self._keys.response(response_id), self._keys.response_events(response_id)]
         args = [status, orjson.dumps(body), ttl_s, events_ttl_s, worker, *TERMINAL]
-        wrote = await self._store.eval(_FINISH, len(keys), *keys, *args)
+        wrote = await run_script(self._store, _FINISH, keys, args)
         await self._store.zrem(self._keys.active_responses, response_id)
         return bool(wrote)
 
