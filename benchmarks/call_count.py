@@ -1,6 +1,6 @@
 """Python function calls per embeddings request, on every thread: a deterministic cost figure.
 
-    PYTHONPATH=<tree> .venv/bin/python benchmarks/call_count.py [--requests 200]
+    PYTHONPATH=<tree> .venv/bin/python benchmarks/call_count.py [--requests 200] [--key KEY]
 
 `serve`'s composition in one process (gateway, `noop` worker, embedded store, uvicorn on a
 free port), background loops slowed to a crawl, as `request_path.py` runs it. Every call
@@ -8,8 +8,9 @@ free port), background loops slowed to a crawl, as `request_path.py` runs it. Ev
 last answer, tracing's export flushed inside the window, so what tracing costs in a
 background thread is counted too. Tracing is on as the standard OTEL_* environment says,
 for trees that have it (`common/tracing.py`). Prints one JSON line: calls per request.
+`--key` sends it as the API key (settings from MICROBATCH_*, a tenants file among them).
 A wall-clock figure on a shared 2-core host drifts by more than a few per cent between
-runs; a count of calls does not, so `tracing_cost.py` prints both.
+runs; a count of calls does not, so `tracing_cost.py` and `tenant_cost.py` print both.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def _tracers() -> tuple[Any, Any, list[Any]]:
     return (gateway and gateway.tracer), (worker and worker.tracer), started
 
 
-async def _measure(requests: int) -> float:
+async def _measure(requests: int, key: str | None = None) -> float:
     import uvicorn
 
     from common.settings import Settings
@@ -78,7 +79,9 @@ async def _measure(requests: int) -> float:
         asyncio.ensure_future(server.serve()),
         asyncio.ensure_future(run_worker(settings, stop, store, **traced)),
     ]  # (a benchmark: both are awaited below)
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{settings.port}", timeout=30) as c:
+    auth = {"Authorization": f"Bearer {key}"} if key else {}
+    url = f"http://127.0.0.1:{settings.port}"
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=30) as c:
         while not await _ready(c):
             await asyncio.sleep(0.2)
         for _ in range(5):  # warm: lazy imports and first calls are not the path
@@ -102,7 +105,8 @@ async def _measure(requests: int) -> float:
 
 def main() -> None:
     requests = int(sys.argv[sys.argv.index("--requests") + 1]) if "--requests" in sys.argv else 200
-    print(json.dumps({"calls_per_request": round(asyncio.run(_measure(requests)), 1)}))
+    key = sys.argv[sys.argv.index("--key") + 1] if "--key" in sys.argv else None
+    print(json.dumps({"calls_per_request": round(asyncio.run(_measure(requests, key)), 1)}))
 
 
 if __name__ == "__main__":
