@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.protocol import GenerateEntry, RequestEntry
-from worker.lane_shares import LaneShares, cost_of, fill
+from worker.lane_shares import LaneShares, ahead, cost_of, fill, water_level
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,9 @@ def _backlog(shares: LaneShares, *lanes: str) -> None:
 
 
 def test_with_nothing_backlogged_each_lane_gets_an_equal_part() -> None:
-    assert _shares(a=3, b=1).counts(8) == {"a": 4, "b": 4}
+    counts = _shares(a=3, b=1).counts(8)
+    assert counts == {"a": 4, "b": 4}
+    assert all(type(n) is int for n in counts.values())  # XREADGROUP's COUNT
     assert _shares(a=1, b=1, c=1).counts(2) == {"a": 1, "b": 1, "c": 1}  # each polled
 
 
@@ -124,23 +126,48 @@ def _one_at_a_time(served: dict[str, float], steps: dict[str, float], room: int)
     return taken
 
 
-@settings(max_examples=400, deadline=None)
-@given(
-    lanes=st.lists(
-        st.tuples(st.integers(0, 4000), st.integers(1, 64), st.sampled_from([1, 2, 4, 8])),
-        min_size=1,
-        max_size=12,
-    ),
-    room=st.integers(1, 300),
+# counts in sixteenths and steps of a cost over a power-of-two weight: exact in floating
+# point whichever way they are summed, so a tie is a tie in the bulk and the loop alike
+LANES = st.lists(
+    st.tuples(st.integers(0, 4000), st.integers(1, 64), st.sampled_from([1, 2, 4, 8])),
+    min_size=1,
+    max_size=12,
 )
+
+
+def _lanes(lanes: list[tuple[int, int, int]]) -> tuple[dict[str, float], dict[str, float]]:
+    served = {f"t{i}": start / 16 for i, (start, _, _) in enumerate(lanes)}
+    steps = {f"t{i}": cost / weight for i, (_, cost, weight) in enumerate(lanes)}
+    return served, steps
+
+
+@settings(max_examples=400, deadline=None)
+@given(lanes=LANES, room=st.integers(1, 300))
 def test_the_room_taken_in_bulk_is_what_one_entry_at_a_time_gives(
     lanes: list[tuple[int, int, int]], room: int
 ) -> None:
-    # counts in sixteenths and steps of a cost over a power-of-two weight: exact in floating
-    # point either way, so a tie is a tie in both and the first lane takes it in both
-    served = {f"t{i}": start / 16 for i, (start, _, _) in enumerate(lanes)}
-    steps = {f"t{i}": cost / weight for i, (_, cost, weight) in enumerate(lanes)}
+    served, steps = _lanes(lanes)
     assert fill(served, steps, room) == _one_at_a_time(served, steps, room)
+
+
+@settings(max_examples=400, deadline=None)
+@given(lanes=LANES, room=st.integers(1, 300))
+def test_what_is_taken_at_once_is_the_loop_s_first_entries_and_nearly_all_of_them(
+    lanes: list[tuple[int, int, int]], room: int
+) -> None:
+    served, steps = _lanes(lanes)
+    at_once, one_by_one = ahead(served, steps, room), _one_at_a_time(served, steps, room)
+    assert all(at_once[lane] <= one_by_one[lane] for lane in served)
+    left = room - sum(at_once.values())
+    assert left <= sum(max(steps.values()) / step for step in steps.values())
+
+
+def test_the_water_level_shares_the_room_as_a_fluid() -> None:
+    # a and b are under it: L / 1 + (L - 2) / 0.5 = 10; c, at 50, is over it
+    served, steps = {"a": 0.0, "b": 2.0, "c": 50.0}, {"a": 1.0, "b": 0.5, "c": 1.0}
+    assert water_level(served, steps, 10) == pytest.approx(14 / 3)
+    assert water_level({"a": 3.0}, {"a": 0.5}, 8) == pytest.approx(7.0)
+    assert water_level({"a": 1.0, "b": 9.0}, {"a": 2.0, "b": 1.0}, 4) == pytest.approx(9.0)
 
 
 def test_the_room_taken_in_bulk_keeps_weights_whatever_the_counts() -> None:
