@@ -179,6 +179,10 @@ def add_headers(response: Response, headers: Sequence[tuple[bytes, bytes]]) -> N
         return
     raw = response.raw_headers
     present = {name for name, _ in raw}
+    names = {name for name, _ in headers}
+    if len(names) == len(headers) and present.isdisjoint(names):  # all new (a tenant's quota)
+        raw.extend(headers)
+        return
     for key, value in headers:
         if key in present:
             response.headers[key.decode("latin-1")] = value.decode("latin-1")

@@ -39,3 +39,11 @@ def test_one_name_twice_in_other_cases_is_set_once_as_update_does() -> None:
     add_headers(fast, encoded(twice))
     slow.headers.update(twice)
     assert fast.headers.getlist("x-request-id") == slow.headers.getlist("x-request-id")
+
+
+def test_headers_all_new_are_appended_in_order_as_update_would() -> None:
+    quota = {"x-ratelimit-limit-requests": "60", "x-ratelimit-remaining-requests": "59"}
+    fast, slow = JSONResponse({"a": 1}), JSONResponse({"a": 1})
+    add_headers(fast, encoded(quota))
+    slow.headers.update(quota)
+    assert fast.raw_headers == slow.raw_headers
