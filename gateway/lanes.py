@@ -33,8 +33,7 @@ class Lanes:
         return last is None or time.monotonic() - last[0] >= ANNOUNCE_EVERY_S or last[1] != weight
 
     async def announce(self, model: str, tenant: str, weight: float) -> None:
-        if not self.due(model, tenant, weight):
-            return
+        """Write the lane to the registry: once `due` says so (the request path asks it)."""
         now = time.monotonic()
         last = self._announced.get((model, tenant))
         key = self._keys.lanes(model)

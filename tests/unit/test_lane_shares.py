@@ -141,8 +141,12 @@ def _lanes(lanes: list[tuple[int, int, int]]) -> tuple[dict[str, float], dict[st
     return served, steps
 
 
+# every property of the bulk step, over the same lanes and rooms
+over_lanes = given(lanes=LANES, room=st.integers(1, 300))
+
+
 @settings(max_examples=400, deadline=None)
-@given(lanes=LANES, room=st.integers(1, 300))
+@over_lanes
 def test_the_room_taken_in_bulk_is_what_one_entry_at_a_time_gives(
     lanes: list[tuple[int, int, int]], room: int
 ) -> None:
@@ -151,7 +155,7 @@ def test_the_room_taken_in_bulk_is_what_one_entry_at_a_time_gives(
 
 
 @settings(max_examples=400, deadline=None)
-@given(lanes=LANES, room=st.integers(1, 300))
+@over_lanes
 def test_what_is_taken_at_once_is_the_loop_s_first_entries_and_nearly_all_of_them(
     lanes: list[tuple[int, int, int]], room: int
 ) -> None:
