@@ -384,12 +384,22 @@ def test_a_background_run_that_could_not_be_queued_hands_back_what_it_held(
     wait_until(lambda: float(store.get(pace) or 0) <= _redis_us(store), 30, "the pace rested")
     before = _redis_us(store)
     assert create("sk-metered").status_code == 503
-    # charged its prompt and 60 tokens at some moment after `before`, settled to its prompt
-    # (its whole charge would keep the pace ahead for 7 s, and the key for 8: looked at
-    # within 3 s, while it exists)
-    wait_until(
-        lambda: store.get(pace),
-        3,
+    # charged its prompt and 60 tokens at some moment after `before`, settled to its prompt.
+    # Unsettled, the key lives at least 7 s; settled, a second past its prompt's pace: a key
+    # gone within 6 s is one that was settled (a loaded machine may look only after that)
+    unsettled_s = 6
+
+    def pace_and_clock() -> tuple[bytes | None, int]:
+        with store.pipeline(transaction=True) as pipe:
+            at, (seconds, micros) = pipe.get(pace).time().execute()
+        return at, int(seconds) * 1_000_000 + int(micros)
+
+    at, now = wait_until(
+        pace_and_clock,
+        unsettled_s,
         "the unused tokens handed back",
-        until=lambda at: at is not None and float(at) - before <= (prompt_tokens + 1) * TOKEN_US,
+        until=lambda seen: (
+            seen[0] is None or float(seen[0]) - before <= (prompt_tokens + 1) * TOKEN_US
+        ),
     )
+    assert at is not None or now - before < unsettled_s * 1_000_000, "looked too late to tell"
