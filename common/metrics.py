@@ -6,6 +6,8 @@ from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from common.tallies import Tally, TallyHistogram
+
 M = TypeVar("M", Counter, Gauge, Histogram)
 
 
@@ -48,30 +50,31 @@ tenants_reloads_total = Counter(
     "Changed tenants files read again: `applied`, or `refused` (the last good one kept)",
     ["outcome"],
 )
-quota_checks_total = Counter(
+# Updated on every request of a tenant: plain numbers, exported at each scrape (`tallies`)
+quota_checks_total = Tally(
     "microbatch_quota_checks_total",
     "Tenant quota checks: `admitted` (by Redis), `admitted_leased` (from what this gateway "
     "leased ahead), `refused` (429), or Redis did not answer and the request was "
     "`unchecked_admitted` (fail open) or `unchecked_refused` (fail closed)",
     ["outcome"],
 )
-tenant_requests_total = Counter(
+tenant_requests_total = Tally(
     "microbatch_tenant_requests_total",
     "API calls by tenant (names from the tenants file, never keys) and status code",
     ["tenant", "status"],
 )
-tenant_tokens_total = Counter(
+tenant_tokens_total = Tally(
     "microbatch_tenant_tokens_total",
     "Tokens a tenant's answered calls used: `in` (inputs, prompts) and `out` (generated)",
     ["tenant", "direction"],
 )
-tenant_queue_wait_seconds = Histogram(
+tenant_queue_wait_seconds = TallyHistogram(
     "microbatch_tenant_queue_wait_seconds",
     "A tenant's answered calls: the longest wait of their entries from the gateway to a batch",
     ["tenant"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
-tenant_refusals_total = Counter(
+tenant_refusals_total = Tally(
     "microbatch_tenant_refusals_total",
     "Requests refused 429 over a tenant's quota, by tenant (from the tenants file) and quota",
     ["tenant", "quota"],
@@ -79,10 +82,6 @@ tenant_refusals_total = Counter(
 # Labelled on every request: their children are looked up through a cache
 requests_by = Children(requests_total)
 request_durations_by = Children(request_duration_seconds)
-quota_checks_by = Children(quota_checks_total)
-tenant_requests_by = Children(tenant_requests_total)
-tenant_tokens_by = Children(tenant_tokens_total)
-tenant_queue_waits_by = Children(tenant_queue_wait_seconds)
 duplicate_replies_total = Counter(
     "microbatch_duplicate_replies_total", "Replies dropped because the id was already answered"
 )

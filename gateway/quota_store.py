@@ -28,6 +28,7 @@ from gateway.quota import MINUTE_US, Allowance, Pace, RawHeaders, Verdict, too_l
 
 log = logging.getLogger("microbatch.gateway")
 CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
+LEASED = ("admitted_leased",)
 
 # KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us (a fraction above
 # 60M a minute), burst, cost, lease per pace (interval 0: no such quota), then a minute in
@@ -138,7 +139,7 @@ class Quotas:
         now_s = time.monotonic()
         allowance = self._allowances.get(name)  # a lease never holds a request too large
         if allowance is not None and allowance.take(requests, tokens, now_s):
-            metrics.quota_checks_by("admitted_leased").inc()
+            metrics.quota_checks_total.add(LEASED)
             return Charge(name, costs, allowance.headers)
         problem = too_large(costs)
         if problem is not None:
@@ -154,8 +155,8 @@ class Quotas:
             return None
         verdict = Verdict.of(reply, asked, costs)
         if not verdict.admitted:
-            metrics.quota_checks_total.labels("refused").inc()
-            metrics.tenant_refusals_total.labels(name, verdict.refused_by).inc()
+            metrics.quota_checks_total.add(("refused",))
+            metrics.tenant_refusals_total.add((name, verdict.refused_by))
             limit = asked.per_minute if verdict.refused_by == "requests" else costs.per_minute
             wait_s = verdict.retry_after_us / 1e6
             raise RateLimited(
@@ -165,7 +166,7 @@ class Quotas:
                 code="rate_limit_exceeded",
                 headers=verdict.headers(),
             )
-        metrics.quota_checks_by("admitted").inc()
+        metrics.quota_checks_total.add(("admitted",))
         headers = verdict.raw_headers()
         if verdict.leased and requests:  # a whole request's charge: its lease is spendable
             self._allowances[name] = Allowance.of(headers, asked, costs, now_s)
@@ -189,11 +190,11 @@ class Quotas:
 
     def _unchecked(self, name: str, exc: BaseException) -> None:
         if self._fail_closed:
-            metrics.quota_checks_total.labels("unchecked_refused").inc()
+            metrics.quota_checks_total.add(("unchecked_refused",))
             raise ServiceUnavailable(
                 f"tenant {name!r}'s quota could not be checked (Redis did not answer) and "
                 "quota_on_redis_error is closed",
                 retry_after_s=1.0,
             ) from exc
-        metrics.quota_checks_total.labels("unchecked_admitted").inc()
+        metrics.quota_checks_total.add(("unchecked_admitted",))
         log.warning("a quota check for tenant %r failed, admitted (fail open): %s", name, exc)

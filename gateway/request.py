@@ -165,7 +165,7 @@ async def _call(
         metrics.inflight_requests.dec()
         metrics.requests_by(route, tally.label, str(status)).inc()
         if tally.tenant is not None:
-            metrics.tenant_requests_by(tally.tenant, str(status)).inc()
+            metrics.tenant_requests_total.add((tally.tenant, str(status)))
         metrics.request_durations_by(route, tally.label).observe(
             time.perf_counter() - started, trace_exemplar(services.tracer)
         )

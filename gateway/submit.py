@@ -120,7 +120,7 @@ async def reserve_backlog(
     refused = admission.tenant_backlog(call.tenant, queued, tokens, cap)
     assert refused is not None  # the script refused it: over the cap, as this says
     metrics.rejected_total.labels(refused.reason).inc()
-    metrics.tenant_refusals_total.labels(call.tenant, "max_queued_tokens").inc()
+    metrics.tenant_refusals_total.add((call.tenant, "max_queued_tokens"))
     raise RateLimited(refused.message, retry_after_s=refused.retry_after_s, code=refused.code)
 
 
@@ -128,10 +128,10 @@ def tenant_used(call: Call, tokens_in: int, tokens_out: int, queue_ms: float) ->
     """What an answered call of a tenant used, for its metrics (nothing without a tenant)."""
     if call.tenant is None:
         return
-    metrics.tenant_tokens_by(call.tenant, "in").inc(tokens_in)
+    metrics.tenant_tokens_total.add((call.tenant, "in"), tokens_in)
     if tokens_out:
-        metrics.tenant_tokens_by(call.tenant, "out").inc(tokens_out)
-    metrics.tenant_queue_waits_by(call.tenant).observe(queue_ms / 1000)
+        metrics.tenant_tokens_total.add((call.tenant, "out"), tokens_out)
+    metrics.tenant_queue_wait_seconds.observe((call.tenant,), queue_ms / 1000)
 
 
 async def lane_of(services: Services, call: Call, model: ModelEntry) -> str | None:
