@@ -32,8 +32,8 @@ class GatewaySettings(BaseSettings):
     )
     public_docs: bool = Field(
         default=False,
-        description="serve `/docs` and `/openapi.json` even with `api_keys` set (without "
-        "keys they are always served)",
+        description="serve `/docs` and `/openapi.json` even with keys set (`api_keys` or a "
+        "tenants file; without keys they are always served)",
     )
     allow_unauthenticated: bool = Field(
         default=False,

@@ -69,11 +69,12 @@ class Tenants:
     """The tenants and the digest of every key they hold."""
 
     by_name: dict[str, Tenant]
-    _by_digest: dict[str, str]  # sha256 hex -> tenant name
+    _by_digest: dict[bytes, str]  # sha256 digest -> tenant name
 
     def of_key(self, key: str) -> str | None:
-        """The tenant a presented key belongs to; None when no tenant holds it."""
-        return self._by_digest.get(hashlib.sha256(key.encode()).hexdigest())
+        """The tenant a presented key belongs to; None when no tenant holds it (every
+        request of a tenant asks: the raw digest, not its hex)."""
+        return self._by_digest.get(hashlib.sha256(key.encode()).digest())
 
     def __len__(self) -> int:
         return len(self.by_name)
@@ -111,7 +112,7 @@ def parse(text: str, name: str = "tenants") -> Tenants:
                     f"{name}: tenants.{tenant_name}.api_keys: a key of tenant {other!r} too; "
                     "a key belongs to one tenant"
                 )
-    return Tenants(dict(parsed.tenants), owner)
+    return Tenants(dict(parsed.tenants), {bytes.fromhex(d): t for d, t in owner.items()})
 
 
 def load(path: Path) -> Tenants:

@@ -254,7 +254,7 @@ def create_app(settings: Settings, store: Store, tracer: Tracer | None = None) -
             services.tokenize.close()
 
     # API docs show every route and field: with keys set, only where the operator says so
-    docs = not settings.api_keys or settings.public_docs
+    docs = not (settings.api_keys or settings.tenants) or settings.public_docs
     app = GatewayApp(
         title="microbatch",
         version="0.1.0",
@@ -268,7 +268,7 @@ def create_app(settings: Settings, store: Store, tracer: Tracer | None = None) -
         idempotency=Idempotency(
             store,
             services.keys,
-            settings.api_keys,
+            services.authenticate,
             settings.idempotency_ttl_s,
             lambda scope: _timeout_ms(scope, settings),
             lambda exc: error_response(exc, None),

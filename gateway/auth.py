@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from common.errors import PermissionDenied, Unauthorized
+from common.tenants import Tenants
 
 
-def check_api_key(
-    authorization: str | None,
-    keys: Sequence[str],
-    held: Callable[[str], bool] | None = None,
-) -> str | None:
-    """The matching key, None when auth is off; raises Unauthorized otherwise. Never logs keys.
-    `held` says whether a tenant holds a key (by its digest); with it, auth is on."""
-    if not keys and held is None:
+def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
+    """The matching plain key, None when auth is off (no keys); raises Unauthorized
+    otherwise. Never logs keys."""
+    if not keys:
         return None
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
@@ -25,11 +22,30 @@ def check_api_key(
     for key in keys:  # no early exit: every key is compared
         if hmac.compare_digest(token.strip().encode(), key.encode()):
             matched = key
-    if matched is None and held is not None and held(token.strip()):
-        matched = token.strip()
     if matched is None:
         raise Unauthorized("invalid API key")
     return matched
+
+
+def authenticate(
+    authorization: str | None, keys: Sequence[str], tenants: Tenants | None
+) -> tuple[str | None, str | None]:
+    """The matching key and the tenant that holds it (None: a plain `api_keys` entry, or auth
+    off). Auth is on when keys are set or a tenants file is (`tenants`, even with no tenant
+    in it); raises Unauthorized otherwise. A tenant's key is found by its digest (one hash);
+    any other is compared with every plain key, as `check_api_key` does."""
+    if tenants is None:
+        return check_api_key(authorization, keys), None
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    owner = tenants.of_key(token)
+    if owner is not None:
+        return token, owner
+    if not keys:
+        raise Unauthorized("invalid API key")
+    return check_api_key(authorization, keys), None
 
 
 def check_interactive(key: str | None, allowed: Sequence[str]) -> None:

@@ -25,7 +25,7 @@ from common import metrics
 from common.errors import Conflict, InvalidBody, InvalidRequest, MicrobatchError
 from common.keys import Keys
 from common.store import Store
-from gateway.auth import check_api_key, owner_of
+from gateway.auth import owner_of
 
 ASGI = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 ErrorAnswer = Callable[[MicrobatchError], Any]  # an error as an ASGI response
@@ -85,12 +85,12 @@ class Idempotency:
         self,
         store: Store,
         keys: Keys,
-        api_keys: list[str],
+        authenticate: Callable[[str | None], tuple[str | None, str | None]],
         ttl_s: int,
         timeout_ms: Callable[[dict[str, Any]], int],
         on_error: ErrorAnswer,
     ) -> None:
-        self._store, self._keys, self._api_keys = store, keys, api_keys
+        self._store, self._keys, self._authenticate = store, keys, authenticate
         self._ttl_s, self._timeout_ms, self._on_error = ttl_s, timeout_ms, on_error
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any, app: ASGI) -> None:
@@ -98,7 +98,7 @@ class Idempotency:
         try:
             key = idempotency_key(headers[b"idempotency-key"])
             authorization = headers.get(b"authorization", b"").decode("latin-1") or None
-            owner = owner_of(check_api_key(authorization, self._api_keys))
+            owner = owner_of(self._authenticate(authorization)[0])
         except MicrobatchError as exc:
             if exc.status == 401:
                 await app(scope, receive, send)  # the route answers a bad key as always

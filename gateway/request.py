@@ -44,7 +44,7 @@ from common.protocol import (
     ModelKind,
 )
 from common.tenants import Tenant
-from gateway.auth import check_api_key, check_interactive
+from gateway.auth import check_interactive
 from gateway.catalog import ModelEntry
 from gateway.local_call import LOCAL
 from gateway.server_span import describe, trace_exemplar, traced
@@ -300,33 +300,13 @@ def validation_error(exc: ValidationError | RequestValidationError) -> InvalidBo
 def authorize(services: Services, authorization: str | None) -> tuple[str | None, str | None]:
     """The API key (when keys are set) and the tenant that holds it (None: none does), then
     its rate limit: 401 or 429 with Retry-After."""
-    key, tenant = _key_and_tenant(services, authorization)
+    key, tenant = services.authenticate(authorization)
     if services.limiter is not None and key is not None:
         wait_s = services.limiter.acquire(key, time.monotonic())
         if wait_s > 0:
             metrics.rejected_total.labels("rate_limited").inc()
             raise RateLimited("rate limit for this API key exceeded", retry_after_s=wait_s)
     return key, tenant
-
-
-def _key_and_tenant(services: Services, authorization: str | None) -> tuple[str | None, str | None]:
-    """The matching key, and with a tenants file its tenant: the key hashed once."""
-    if not services.settings.tenants:
-        return check_api_key(authorization, services.settings.api_keys), None
-    tenants = services.tenants
-    owners: list[str] = []
-
-    def held(key: str) -> bool:
-        owner = tenants.of_key(key)
-        if owner is not None:
-            owners.append(owner)
-        return owner is not None
-
-    key = check_api_key(authorization, services.settings.api_keys, held)
-    if key is None:
-        return None, None
-    # the tenant's own key, or a plain `api_keys` entry (a tenant only if the file has it too)
-    return key, owners[0] if owners else tenants.of_key(key)
 
 
 def request_id_of(given: str | None) -> str:

@@ -21,7 +21,7 @@ from common.store import Store
 from common.tasks import OnDeath
 from gateway.admission import PerModelMean
 from gateway.affinity import AffinityRouter, names_of
-from gateway.auth import RateLimiter
+from gateway.auth import RateLimiter, authenticate
 from gateway.backlog_store import Backlogs
 from gateway.batch_records import BatchRecords
 from gateway.catalog import Catalog
@@ -84,6 +84,12 @@ class Services:
         self.alive = True  # false once a background task died: /healthz fails, requests 503
         self._nonce = os.urandom(4).hex()
         self._counter = itertools.count()
+
+    def authenticate(self, authorization: str | None) -> tuple[str | None, str | None]:
+        """The caller's key and its tenant, by the keys and the tenants file in force now
+        (401 when neither holds it): every route that checks a key asks here."""
+        tenants = self.tenants if self.settings.tenants else None
+        return authenticate(authorization, self.settings.api_keys, tenants)
 
     def next_id(self) -> str:
         return f"{self._nonce}{next(self._counter):x}"

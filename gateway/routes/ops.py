@@ -11,7 +11,6 @@ from prometheus_client.exposition import choose_encoder
 from common.errors import MicrobatchError, ModelNotFound, RouteNotFound
 from common.protocol import ModelKind
 from gateway.admin import on_admin_port
-from gateway.auth import check_api_key
 from gateway.catalog import ModelEntry
 from gateway.request import error_response
 from gateway.services import Services
@@ -48,7 +47,7 @@ def _served(services: Services) -> dict[str, ModelEntry]:
 async def models(request: Request) -> Response:
     services: Services = request.app.state.services
     try:
-        check_api_key(request.headers.get("authorization"), services.settings.api_keys)
+        services.authenticate(request.headers.get("authorization"))
     except MicrobatchError as exc:
         return error_response(exc, None)
     data = [_model_object(name, entry) for name, entry in _served(services).items()]
@@ -61,7 +60,7 @@ async def model(request: Request) -> Response:
     services: Services = request.app.state.services
     name = request.path_params["model_id"]
     try:
-        check_api_key(request.headers.get("authorization"), services.settings.api_keys)
+        services.authenticate(request.headers.get("authorization"))
         entry = _served(services).get(name)
         if entry is None:
             raise ModelNotFound(f"model {name!r} is not served here", param="model")
@@ -116,13 +115,14 @@ async def model_readyz(request: Request) -> Response:
 async def prometheus(request: Request) -> Response:
     """With an admin port, only there (open: reach it only from inside); else on the API
     port, behind the API key when keys are set (Prometheus sends it as a bearer token)."""
-    settings = request.app.state.services.settings
+    services: Services = request.app.state.services
+    settings = services.settings
     try:
         if settings.admin_port is not None:
             if not on_admin_port(request.scope, settings.admin_port):
                 raise RouteNotFound(f"/metrics is served on the admin port {settings.admin_port}")
         else:
-            check_api_key(request.headers.get("authorization"), settings.api_keys)
+            services.authenticate(request.headers.get("authorization"))
     except MicrobatchError as exc:
         return error_response(exc, None)
     # OpenMetrics when the scraper asks for it: the format that carries exemplars

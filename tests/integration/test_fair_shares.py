@@ -214,7 +214,7 @@ def test_each_tenant_is_seen_in_metrics_and_in_status(served) -> None:
 
     url, redis_url = served
     assert embed_as(url, "sk-light").status_code == 200
-    metrics = httpx.get(f"{url}/metrics").text
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer sk-light"}).text
     assert 'microbatch_tenant_requests_total{status="200",tenant="light"}' in metrics
     assert 'microbatch_tenant_tokens_total{direction="in",tenant="light"}' in metrics
     assert 'microbatch_tenant_queue_wait_seconds_count{tenant="light"}' in metrics

@@ -190,7 +190,7 @@ def test_a_quota_redis_cannot_check_fails_open_or_closed_as_set(fleet, mode: str
         if mode == "closed":
             assert "quota_on_redis_error" in answer.json()["error"]["message"]
         assert _embed(url, "sk-free").status_code == 200  # no quota, nothing to check
-        metrics = httpx.get(f"{url}/metrics").text
+        metrics = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer sk-free"}).text
         outcome = "unchecked_admitted" if mode == "open" else "unchecked_refused"
         assert f'microbatch_quota_checks_total{{outcome="{outcome}"}}' in metrics
     finally:
@@ -201,7 +201,7 @@ def test_a_large_quota_is_spent_from_a_lease_without_asking_redis_each_time(flee
     (a, _), *_ = fleet
 
     def leased() -> float:
-        metrics = httpx.get(f"{a}/metrics").text
+        metrics = httpx.get(f"{a}/metrics", headers={"Authorization": "Bearer sk-free"}).text
         line = 'microbatch_quota_checks_total{outcome="admitted_leased"} '
         found = [x for x in metrics.splitlines() if x.startswith(line)]
         return float(found[0].split()[-1]) if found else 0.0

@@ -127,6 +127,66 @@ def test_a_gateway_on_a_bad_tenants_file_refuses_to_start(tmp_path: Path) -> Non
     assert "tenants.acme.tokens_per_minute" in said.replace("│", "").replace("  ", " ")
 
 
+@pytest.fixture(scope="module")
+def tenants_only(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
+    """A gateway whose only keys are its tenants' (no `api_keys`): auth is on all the same."""
+    path = tmp_path_factory.mktemp("tenants-only") / "tenants.json"
+    two = {"acme": {"api_keys": ["sk-acme"]}, "gamma": {"api_keys": ["sk-gamma"]}}
+    path.write_text(json.dumps({"tenants": two}))
+    deployment = InProcess()
+    common = {"redis_url": module_redis.url, "prefix": "mbonly", "read_block_ms": 100}
+    try:
+        port = free_port()
+        url = deployment.start_gateway(
+            Settings(**common, port=port, gateway_id=f"o-{port}", tenants=path)
+        )
+        deployment.start_worker(Settings(**common, model="noop"))
+        wait_until(
+            lambda: _embed(url, "sk-acme").status_code,
+            60,
+            "the noop model served",
+            until=lambda status: status == 200,
+        )
+        yield url
+    finally:
+        deployment.close()
+
+
+def test_a_tenants_file_alone_closes_every_route_to_a_caller_without_a_key(
+    tenants_only,
+) -> None:
+    """The models, the metrics (tenants' names among them) and the API docs are behind the
+    tenants' keys as the API is, not open because `api_keys` is empty."""
+    url = tenants_only
+    for path in ("/v1/models", "/v1/models/noop", "/metrics"):
+
+        def get(key: str | None, path: str = path) -> httpx.Response:
+            return httpx.get(
+                f"{url}{path}", headers={"Authorization": f"Bearer {key}"} if key else {}
+            )
+
+        assert get(None).status_code == 401 and get("sk-x").status_code == 401, path
+        assert get("sk-acme").is_success, path
+    assert httpx.get(f"{url}/docs").status_code == 404  # docs with keys: only if public_docs
+
+
+def test_a_kept_idempotent_answer_is_replayed_to_its_own_key_alone(tenants_only) -> None:
+    """Another tenant sending the same Idempotency-Key and body is answered afresh, and a
+    caller without a valid key is refused, never handed the kept answer."""
+    url = tenants_only
+
+    def send(key: str | None) -> httpx.Response:
+        return _embed(url, key, **{"Idempotency-Key": "order-17"})
+
+    assert send("sk-acme").status_code == 200
+    again = send("sk-acme")
+    assert again.status_code == 200 and again.headers.get("idempotent-replayed") == "true"
+    for stranger in (None, "sk-nobody"):
+        assert send(stranger).status_code == 401
+    other = send("sk-gamma")
+    assert other.status_code == 200 and "idempotent-replayed" not in other.headers
+
+
 def _reloads(url: str, outcome: str) -> float:
     """The gateway's count of tenants files read again with this outcome."""
     for line in httpx.get(

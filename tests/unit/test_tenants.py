@@ -29,7 +29,7 @@ tenants:
         assert tenants.of_key("sk-nobody") is None
         assert tenants.by_name["acme"].weight == 3 and tenants.by_name["beta"].weight == 1
         assert "sk-acme" not in repr(tenants._by_digest)  # held as digests only
-        assert ACME in tenants._by_digest
+        assert bytes.fromhex(ACME) in tenants._by_digest
 
 
 @pytest.mark.parametrize(
