@@ -18,12 +18,15 @@ from dataclasses import dataclass
 
 MINUTE_US = 60_000_000
 BURST_SHARE = 20  # the burst is 1/BURST_SHARE of the per-minute quota
-# A gateway leases a quarter of a burst ahead, spent without asking Redis, where the burst is
-# large enough for it to matter (a small quota is checked every time, exactly); a lease not
-# spent within LEASE_S is dropped, never handed back: the fleet only ever admits less.
+# A gateway leases units ahead, spent without asking Redis for LEASE_S, where the burst is
+# large enough for it to matter (a small quota is checked every time, exactly). A lease is
+# sized to what this gateway used of its last one (`lease_size`), at most a quarter burst;
+# what it left unspent is handed back with its next charge (a gateway that stops sending
+# leaves it charged: the fleet only ever admits less).
 LEASE_SHARE = 4
 LEASE_MIN_BURST = 64
 LEASE_S = 1.0
+LEASE_FIRST = 8  # a first lease holds this many of the request's own cost
 UNMETERED = 1 << 62  # what a gateway may spend of a pace a tenant does not have
 
 RawHeaders = tuple[tuple[bytes, bytes], ...]  # lower-case names, latin-1: as Starlette holds them
@@ -47,12 +50,26 @@ class Pace:
         return 0 if self.per_minute is None else max(1, self.per_minute // BURST_SHARE)
 
     @property
-    def lease(self) -> int:
-        """Units a gateway takes ahead of this request, to spend on the next ones locally."""
+    def lease_cap(self) -> int:
+        """The most units a gateway takes ahead of a request, to spend on the next ones
+        locally (0: a small quota, checked every time)."""
         return self.burst // LEASE_SHARE if self.burst >= LEASE_MIN_BURST else 0
 
-    def args(self) -> list[float]:
-        return [self.interval_us, self.burst, self.cost, self.lease]
+    def args(self, lease: int = 0, handed_back: int = 0) -> list[float]:
+        """What the charge script takes of this pace: with `lease` units ahead, and
+        `handed_back` units of an earlier lease returned first."""
+        return [self.interval_us, self.burst, self.cost, lease, handed_back]
+
+
+def lease_size(pace: Pace, used: int) -> int:
+    """Units to lease ahead with a charge: twice what the last lease saw used (`used`: all
+    of it when it ran out, so a lease spent too soon doubles), at least `LEASE_FIRST`
+    requests' worth, at most a quarter burst. Sized to this gateway's own rate, a lease
+    does not hold quota that no request here will use: a quarter burst leased each second
+    by a gateway sending a hundredth of that spent the tenant's pace 25 times faster than
+    its requests, and left its remaining-headers near zero."""
+    cap = pace.lease_cap
+    return min(cap, max(LEASE_FIRST * max(1, pace.cost), 2 * used)) if cap else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,17 +134,33 @@ class Allowance:
     """What a gateway leased ahead from a tenant's paces, spent without asking Redis until
     `until_s`; answers carry the standing Redis gave with it (`headers`)."""
 
-    requests: int
+    requests: int  # left to spend
     tokens: int
     until_s: float
     headers: RawHeaders
+    leased: tuple[int, int] = (0, 0)  # what was leased of each pace (0: unmetered)
+    per_minute: tuple[int | None, int | None] = (None, None)  # the paces it was leased of
 
     @classmethod
-    def of(cls, headers: RawHeaders, requests: Pace, tokens: Pace, now_s: float) -> Allowance:
-        def left(pace: Pace) -> int:
-            return UNMETERED if pace.per_minute is None else pace.lease
+    def of(
+        cls,
+        headers: RawHeaders,
+        requests: Pace,
+        tokens: Pace,
+        now_s: float,
+        leases: tuple[int, int],
+    ) -> Allowance:
+        def left(pace: Pace, lease: int) -> int:
+            return UNMETERED if pace.per_minute is None else lease
 
-        return cls(left(requests), left(tokens), now_s + LEASE_S, headers)
+        return cls(
+            left(requests, leases[0]),
+            left(tokens, leases[1]),
+            now_s + LEASE_S,
+            headers,
+            leases,
+            (requests.per_minute, tokens.per_minute),
+        )
 
     def take(self, requests: int, tokens: int, now_s: float) -> bool:
         """Spend these if the lease still holds them."""
@@ -136,6 +169,43 @@ class Allowance:
         self.requests -= requests
         self.tokens -= tokens
         return True
+
+    def used(self) -> tuple[int, int]:
+        """What was spent of each pace's lease."""
+        return (self.leased[0] - self._left(0), self.leased[1] - self._left(1))
+
+    def unspent(self, requests: Pace, tokens: Pace) -> tuple[int, int]:
+        """What to hand back of each pace: its lease's rest, where the pace is still the one
+        leased from (a tenants file changed since: nothing, which only admits less)."""
+        paces = (requests.per_minute, tokens.per_minute)
+
+        def rest(i: int) -> int:
+            same = paces[i] is not None and paces[i] == self.per_minute[i]
+            return self._left(i) if same else 0
+
+        return rest(0), rest(1)
+
+    def merged(self, newer: Allowance) -> Allowance:
+        """Two leases a gateway took at once (its requests raced to Redis), as one: neither
+        is dropped unspent. The newer one's standing and expiry."""
+        if newer.per_minute != self.per_minute:
+            return newer
+        return Allowance(
+            _plus(self.requests, newer.requests),
+            _plus(self.tokens, newer.tokens),
+            max(self.until_s, newer.until_s),
+            newer.headers,
+            (self.leased[0] + newer.leased[0], self.leased[1] + newer.leased[1]),
+            newer.per_minute,
+        )
+
+    def _left(self, pace: int) -> int:
+        left = self.requests if pace == 0 else self.tokens
+        return 0 if left >= UNMETERED // 2 else left
+
+
+def _plus(a: int, b: int) -> int:
+    return UNMETERED if max(a, b) >= UNMETERED // 2 else a + b
 
 
 def encoded(headers: dict[str, str]) -> RawHeaders:

@@ -24,37 +24,48 @@ from common.keys import Keys
 from common.store import SCRIPT_CLOCK, Store, run_script
 from common.tasks import only_logged, spawn_supervised
 from common.tenants import Tenant
-from gateway.quota import MINUTE_US, Allowance, Pace, RawHeaders, Verdict, too_large
+from gateway.quota import (
+    MINUTE_US,
+    Allowance,
+    Pace,
+    RawHeaders,
+    Verdict,
+    lease_size,
+    too_large,
+)
 
 log = logging.getLogger("microbatch.gateway")
 CHECK_TIMEOUT_S = 1.0  # a check that takes longer counts as Redis not answering
 LEASED = ("admitted_leased",)
 
-# KEYS: the tenant's requests pace, its tokens pace. ARGV: interval_us (a fraction above
-# 60M a minute), burst, cost, lease per pace (interval 0: no such quota), then a minute in
-# us, then the clock (`SCRIPT_CLOCK`). A pace's value is its theoretical arrival time (TAT,
-# us, to the nanosecond); a charge fits when it leaves the TAT at most max(burst, charge)
-# units ahead of now. The request is charged with each pace's lease if that fits, else
-# alone. Reply: admitted, retry_after_us, refused_by (1, 2), leased, then per pace the units
-# left this minute and the us until it is rested.
+# KEYS: the tenant's requests pace, its tokens pace. ARGV per pace (5 each): interval_us (a
+# fraction above 60M a minute; 0: no such quota), burst, cost, lease, units handed back of an
+# earlier lease; then a minute in us, then the clock (`SCRIPT_CLOCK`). A pace's value is its
+# theoretical arrival time (TAT, us, to the nanosecond), never handed back below now; a
+# charge fits when it leaves the TAT at most max(burst, charge) units ahead of now. The
+# request is charged with each pace's lease if that fits, else alone. Reply: admitted,
+# retry_after_us, refused_by (1, 2), leased, then per pace the units left this minute and the
+# us until it is rested.
 _CHARGE = (
     SCRIPT_CLOCK
     + """
 local now = now_us()
 local tat = {}
 for i = 1, 2 do
-  if tonumber(ARGV[4 * i - 3]) > 0 then
-    tat[i] = math.max(tonumber(redis.call('GET', KEYS[i]) or '0'), now)
+  local interval = tonumber(ARGV[5 * i - 4])
+  if interval > 0 then
+    local stored = tonumber(redis.call('GET', KEYS[i]) or '0')
+    tat[i] = math.max(stored - tonumber(ARGV[5 * i]) * interval, now)
   end
 end
 local function charged(lease)
   local retry, refused, after = 0, 0, {}
   for i = 1, 2 do
-    local interval = tonumber(ARGV[4 * i - 3])
+    local interval = tonumber(ARGV[5 * i - 4])
     if interval > 0 then
-      local cost = tonumber(ARGV[4 * i - 1]) + lease * tonumber(ARGV[4 * i])
+      local cost = tonumber(ARGV[5 * i - 2]) + lease * tonumber(ARGV[5 * i - 1])
       after[i] = tat[i] + cost * interval
-      local over = after[i] - now - math.max(tonumber(ARGV[4 * i - 2]), cost) * interval
+      local over = after[i] - now - math.max(tonumber(ARGV[5 * i - 3]), cost) * interval
       if over > retry then retry, refused = over, i end
     end
   end
@@ -68,16 +79,15 @@ if retry > 0 then
 end
 local out = {retry > 0 and 0 or 1, retry, refused, leased}
 for i = 1, 2 do
-  local interval = tonumber(ARGV[4 * i - 3])
+  local interval = tonumber(ARGV[5 * i - 4])
   if interval > 0 then
     local at = after[i]
-    if retry > 0 then
-      at = tat[i]
-    else
+    if retry > 0 then at = tat[i] end
+    if retry == 0 or tonumber(ARGV[5 * i]) > 0 then  -- charged, or a lease handed back
       local ttl = math.ceil((at - now) / 1000) + 1000
       redis.call('SET', KEYS[i], string.format('%.3f', at), 'PX', ttl)
     end
-    out[#out + 1] = math.floor((tonumber(ARGV[9]) - (at - now)) / interval)
+    out[#out + 1] = math.floor((tonumber(ARGV[11]) - (at - now)) / interval)
     out[#out + 1] = at - now
   else
     out[#out + 1] = 0
@@ -121,6 +131,21 @@ class Charge:
         return cls(tenant, Pace(per_minute, cost), ())
 
 
+def _refusal(name: str, verdict: Verdict, asked: Pace, costs: Pace) -> RateLimited:
+    """A 429 over a quota, counted: OpenAI's headers, and when to try again."""
+    metrics.quota_checks_total.add(("refused",))
+    metrics.tenant_refusals_total.add((name, verdict.refused_by))
+    limit = asked.per_minute if verdict.refused_by == "requests" else costs.per_minute
+    wait_s = verdict.retry_after_us / 1e6
+    return RateLimited(
+        f"tenant {name!r} is over its {verdict.refused_by}_per_minute of {limit}: "
+        f"try again in {wait_s:.2f} s",
+        retry_after_s=wait_s,
+        code="rate_limit_exceeded",
+        headers=verdict.headers(),
+    )
+
+
 class Quotas:
     def __init__(self, store: Store, keys: Keys, on_redis_error: str) -> None:
         self._store, self._keys = store, keys
@@ -146,7 +171,14 @@ class Quotas:
             raise InvalidRequest(problem, param="max_tokens", code="request_too_large")
         asked = Pace(tenant.requests_per_minute if requests else None, requests)
         keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
-        args = [*asked.args(), *costs.args(), MINUTE_US]  # ARGV[9]: the minute
+        # a whole request leases ahead and hands back the rest of the last lease (taken off
+        # first: should the reply be lost, it is never handed back twice)
+        earlier = self._allowances.pop(name, None) if requests else None
+        used, back = (0, 0), (0, 0)
+        if earlier is not None:
+            used, back = earlier.used(), earlier.unspent(asked, costs)
+        leases = (lease_size(asked, used[0]), lease_size(costs, used[1])) if requests else (0, 0)
+        args = [*asked.args(leases[0], back[0]), *costs.args(leases[1], back[1]), MINUTE_US]
         try:
             async with asyncio.timeout(CHECK_TIMEOUT_S):
                 reply = await run_script(self._store, _CHARGE, keys, args, clock=True)
@@ -155,21 +187,13 @@ class Quotas:
             return None
         verdict = Verdict.of(reply, asked, costs)
         if not verdict.admitted:
-            metrics.quota_checks_total.add(("refused",))
-            metrics.tenant_refusals_total.add((name, verdict.refused_by))
-            limit = asked.per_minute if verdict.refused_by == "requests" else costs.per_minute
-            wait_s = verdict.retry_after_us / 1e6
-            raise RateLimited(
-                f"tenant {name!r} is over its {verdict.refused_by}_per_minute of {limit}: "
-                f"try again in {wait_s:.2f} s",
-                retry_after_s=wait_s,
-                code="rate_limit_exceeded",
-                headers=verdict.headers(),
-            )
+            raise _refusal(name, verdict, asked, costs)
         metrics.quota_checks_total.add(("admitted",))
         headers = verdict.raw_headers()
         if verdict.leased and requests:  # a whole request's charge: its lease is spendable
-            self._allowances[name] = Allowance.of(headers, asked, costs, now_s)
+            lease = Allowance.of(headers, asked, costs, now_s, leases)
+            raced = self._allowances.get(name)  # another request's lease, taken meanwhile
+            self._allowances[name] = lease if raced is None else raced.merged(lease)
         return Charge(name, costs, headers)
 
     def settle(self, charge: Charge | None, used_tokens: int) -> None:

@@ -403,3 +403,53 @@ def test_a_background_run_that_could_not_be_queued_hands_back_what_it_held(
         ),
     )
     assert at is not None or now - before < unsettled_s * 1_000_000, "looked too late to tell"
+
+
+def test_a_lease_holds_only_what_its_gateway_uses_and_hands_back_the_rest(
+    module_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway leases a few requests' worth ahead, then twice what it used of its last
+    lease, and hands back what a lease left unspent with its next charge: the tenant's pace
+    in Redis runs ahead by what its requests cost and the open lease, not by a quarter
+    burst per lease (750 units here, the most a lease may hold)."""
+    import asyncio
+
+    from redis import asyncio as aredis
+
+    from common.keys import Keys
+    from common.tenants import Tenant
+    from gateway import quota_store
+
+    clock, asked = [1_000.0], []
+    checked = quota_store.run_script
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        asked.append(args[3])  # the script's ARGV
+        return await checked(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quota_store.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(quota_store, "run_script", counted)
+    tenant = Tenant(api_keys=["k"], tokens_per_minute=60_000)  # a unit each ms, burst 3,000
+
+    async def ahead_after_charges() -> float:
+        store = aredis.Redis.from_url(module_redis.url)
+        keys = Keys("mblease")
+        quotas = quota_store.Quotas(store, keys, "closed")
+        try:
+            # 10 and a first lease of 80, spent by the next 8; then 10 and a lease of 160
+            for _ in range(10):
+                assert await quotas.charge("roomy", tenant, tokens=10) is not None
+            clock[0] += 1.5  # that lease expired unspent: all 160 handed back, 80 leased
+            assert await quotas.charge("roomy", tenant, tokens=10) is not None
+            pace = float(await store.get(keys.quota("roomy", "tokens")))
+            seconds, micros = await store.time()
+            return pace - (seconds * 1_000_000 + micros)
+        finally:
+            await store.aclose()
+
+    ahead_us = asyncio.run(ahead_after_charges())
+    # (lease, handed back) per charge that asked Redis: the rest were spent from a lease
+    assert [(a[8], a[9]) for a in asked] == [(80, 0), (160, 0), (80, 160)]
+    # 11 requests of 10 and a lease of 80 open: 190 units, less the time the test took;
+    # without the hand-back 350, with quarter-burst leases 1,520
+    assert 0 < ahead_us <= 190 * 1_000, ahead_us

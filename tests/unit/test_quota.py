@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.quota import (
+    LEASE_FIRST,
     LEASE_S,
     MINUTE_US,
     UNMETERED,
@@ -13,6 +14,7 @@ from gateway.quota import (
     Pace,
     Verdict,
     go_duration,
+    lease_size,
     too_large,
 )
 
@@ -23,11 +25,12 @@ def test_a_pace_spends_a_minute_over_its_quota_with_a_twentieth_as_burst() -> No
     tokens = Pace(6000, 120)
     assert tokens.interval_us == 10_000  # 6000 units a minute
     assert tokens.burst == 300  # 5%: any minute stays within 5% of the quota
-    assert tokens.args() == [10_000, 300, 120, 75]  # a quarter burst leased ahead
+    assert tokens.lease_cap == 75  # at most a quarter burst leased ahead
+    assert tokens.args(40, 7) == [10_000, 300, 120, 40, 7]  # leasing 40, handing back 7
     assert Pace(10, 1).burst == 1  # a small quota still lets one through
-    assert Pace(600, 1).lease == 0  # a small burst is checked every time, exactly
+    assert Pace(600, 1).lease_cap == 0  # a small burst is checked every time, exactly
     assert Pace(1_000_000_000, 1).interval_us == 0.06  # past 60M a minute, a fraction
-    assert Pace(None, 5).args() == [0, 0, 5, 0]  # interval 0: the script skips it
+    assert Pace(None, 5).args() == [0, 0, 5, 0, 0]  # interval 0: the script skips it
 
 
 def test_an_admitted_verdict_tells_each_quota_it_has_and_no_retry() -> None:
@@ -75,10 +78,42 @@ def test_a_request_larger_than_the_whole_quota_is_named_never_retried() -> None:
 
 def test_a_lease_is_spent_locally_until_it_runs_out_or_expires() -> None:
     verdict = Verdict.of([1, 0, 0, 1, 0, 0, 0, 0], Pace(None, 1), Pace(6000, 40))
-    allowance = Allowance.of(verdict.raw_headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
+    paces = Pace(None, 1), Pace(6000, 40)
+    allowance = Allowance.of(verdict.raw_headers(), *paces, now_s=100.0, leases=(0, 75))
     assert allowance.tokens == 75 and allowance.requests == UNMETERED
     assert allowance.take(1, 40, 100.1) and allowance.tokens == 35
     assert not allowance.take(1, 40, 100.2)  # not enough left: Redis is asked
+    assert allowance.used() == (0, 40) and allowance.unspent(*paces) == (0, 35)
     assert allowance.take(1, 35, 100.3) and allowance.tokens == 0
-    fresh = Allowance.of(verdict.raw_headers(), Pace(None, 1), Pace(6000, 40), now_s=100.0)
-    assert not fresh.take(1, 1, 100.0 + LEASE_S)  # expired: dropped, never handed back
+    assert allowance.used() == (0, 75) and allowance.unspent(*paces) == (0, 0)
+    fresh = Allowance.of(verdict.raw_headers(), *paces, now_s=100.0, leases=(0, 75))
+    assert not fresh.take(1, 1, 100.0 + LEASE_S)  # expired: its rest handed back next time
+    assert fresh.unspent(*paces) == (0, 75)
+    # the tenants file changed the pace since: nothing handed back (only admits less)
+    assert fresh.unspent(Pace(None, 1), Pace(12_000, 40)) == (0, 0)
+
+
+def test_a_lease_follows_what_the_gateway_used_of_the_last_one() -> None:
+    """A first lease holds a few requests' worth; then twice what was used (a lease spent
+    out doubles), never more than a quarter burst; a small quota leases nothing."""
+    requests, tokens = Pace(10_000_000, 1), Pace(1_000_000_000, 30)
+    assert lease_size(requests, 0) == LEASE_FIRST and lease_size(tokens, 0) == LEASE_FIRST * 30
+    assert lease_size(requests, 3_000) == 6_000  # a second's traffic, twice over
+    assert lease_size(requests, 10**9) == requests.lease_cap == 125_000
+    assert lease_size(Pace(600, 1), 500) == 0
+    size, runs = LEASE_FIRST, 0
+    while size < 4_096:  # spent out each time: it doubles to a second's traffic in a few
+        size, runs = lease_size(requests, size), runs + 1
+    assert runs == 9
+
+
+def test_two_leases_taken_at_once_are_kept_as_one() -> None:
+    paces = Pace(None, 1), Pace(6000, 40)
+    one = Allowance.of((), *paces, now_s=100.0, leases=(0, 75))
+    assert one.take(1, 30, 100.1)
+    two = Allowance.of((), *paces, now_s=100.2, leases=(0, 60))
+    both = one.merged(two)
+    assert both.tokens == 45 + 60 and both.requests == UNMETERED
+    assert both.used() == (0, 30) and both.until_s == 100.2 + LEASE_S
+    other = Allowance.of((), Pace(None, 1), Pace(12_000, 40), now_s=100.2, leases=(0, 60))
+    assert one.merged(other) is other  # another pace: the older lease is not mixed in
