@@ -68,6 +68,7 @@ class Call:
     disconnected: Callable[[], Awaitable[None]]  # returns once the client has gone
     trace: tracing.TraceContext = tracing.UNTRACED  # what its entries carry
     tenant: str | None = None  # the tenant whose key it is (a tenants file), if any
+    terms: Tenant | None = None  # that tenant's entry in the file, as the call was read
     # what the answer carries beyond the route's own headers (its tenant's quota standing),
     # encoded as a response holds them
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)
@@ -225,6 +226,7 @@ def read_call(request: Request, services: Services, route: str, tally: _Tally) -
         disconnected=lambda: _disconnected(receive),
         trace=tracing.carrier() if services.tracer is not None else tracing.UNTRACED,
         tenant=tenant_name,
+        terms=tenant,
     )
 
 
@@ -272,7 +274,7 @@ async def read_body(
     except ValidationError as exc:
         raise validation_error(exc) from None
     name = getattr(body, "model", None) or default_name(services, kind)
-    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    tenant = call.terms
     if tenant is not None and tenant.models is not None and name not in tenant.models:
         raise PermissionDenied(
             f"tenant {call.tenant!r} may not use model {name!r} (its models: "

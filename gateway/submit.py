@@ -85,11 +85,14 @@ async def charge_quota(
     """Charge the call's tenant `tokens` (and one request, unless `requests` is 0: a further
     part of a request already charged) against its fleet-wide quotas: 429 over one. The
     first charge's standing goes out on the answer as OpenAI's rate-limit headers."""
-    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
-    if tenant is None:
+    tenant, name = call.terms, call.tenant
+    if tenant is None or name is None:
         return None
-    with tracing.span(services.tracer, "quota"):
-        charge = await services.quotas.charge(call.tenant or "", tenant, tokens, requests)
+    if services.tracer is None:  # as every request of a tenant asks: no context to enter
+        charge = await services.quotas.charge(name, tenant, tokens, requests)
+    else:
+        with tracing.span(services.tracer, "quota"):
+            charge = await services.quotas.charge(name, tenant, tokens, requests)
     if charge is not None and requests:
         call.headers.extend(charge.headers)
     return charge
@@ -101,7 +104,7 @@ async def reserve_backlog(
     """Hold the request's tokens in its tenant's backlog for the model: 429 when that would
     pass the tenant's `max_queued_tokens`, 400 when this request alone is more. Nothing (no
     Redis call) for a tenant without the cap."""
-    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    tenant = call.terms
     if tenant is None or call.tenant is None or tenant.max_queued_tokens is None:
         return None
     cap = tenant.max_queued_tokens
@@ -138,7 +141,7 @@ async def lane_of(services: Services, call: Call, model: ModelEntry) -> str | No
     """The tenant whose lane the call's entries go to (announced to the workers), or None:
     no tenant, or no live worker (a worker scaled from zero is woken by its bucket streams'
     lag, which the autoscaler watches; lanes start once one is live)."""
-    tenant = services.tenants.by_name.get(call.tenant) if call.tenant else None
+    tenant = call.terms
     if tenant is None or call.tenant is None or model.live_workers == 0:
         return None
     if services.lanes.due(model.info.name, call.tenant, tenant.weight):
