@@ -146,13 +146,24 @@ def _measure(
     for _ in range(args.rounds):
         for mode in next(orders):  # every order as often: drift and position cancel
             before = {role: cpu_seconds(pids) for role, pids in roles.items()}
+            idle_before = _machine_idle()
             result = _wrk(urls[mode], script, args.connections, args.duration)
+            idle_after = _machine_idle()
             rates[mode].append(result["requests_per_s"])
             served = result["requests_per_s"] * args.duration
             for role, pids in roles.items():
                 used = (cpu_seconds(pids) - before[role]) * 1e6 / served
                 cpu_us[mode].setdefault(role, []).append(used)
+            idle, total = (a - b for a, b in zip(idle_after, idle_before, strict=True))
+            cpu_us[mode].setdefault("idle share", []).append(idle / max(1, total))
     return rates, cpu_us
+
+
+def _machine_idle() -> tuple[int, int]:
+    """The machine's idle and total CPU time so far, in ticks (/proc/stat): a side whose rate
+    falls further than its CPU per request rises left the cores idle more."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return ticks[3] + ticks[4], sum(ticks)
 
 
 def _result(fleets: list[tuple[Rates, dict[str, Rates]]], args: argparse.Namespace) -> dict:
@@ -167,13 +178,16 @@ def _result(fleets: list[tuple[Rates, dict[str, Rates]]], args: argparse.Namespa
     for _, by_mode in fleets:
         for mode, by_role in by_mode.items():
             for role, values in by_role.items():
-                if role in ("worker", "redis", f"gw-{mode}"):
+                if role in ("worker", "redis", f"gw-{mode}", "idle share"):
                     cpu[mode].setdefault(role, []).extend(values)
     medians = {
-        mode: {role: round(statistics.median(v), 1) for role, v in sorted(by_role.items())}
+        mode: {role: round(statistics.median(v), 3) for role, v in sorted(by_role.items())}
         for mode, by_role in cpu.items()
     }
-    used = {mode: sum(by_role.values()) for mode, by_role in medians.items()}
+    used = {
+        mode: sum(v for role, v in by_role.items() if role != "idle share")
+        for mode, by_role in medians.items()
+    }
     return {
         "host": host_cpu(),
         "tenants": args.tenants,
