@@ -131,6 +131,12 @@ class Charge:
         return cls(tenant, Pace(per_minute, cost), ())
 
 
+def _leases(tenant: Tenant) -> bool:
+    """Whether a tenant's requests are charged with a lease (a quota large enough)."""
+    paces = Pace(tenant.requests_per_minute, 1), Pace(tenant.tokens_per_minute, 1)
+    return any(pace.lease_cap for pace in paces)
+
+
 def _refusal(name: str, verdict: Verdict, asked: Pace, costs: Pace) -> RateLimited:
     """A 429 over a quota, counted: OpenAI's headers, and when to try again."""
     metrics.quota_checks_total.add(("refused",))
@@ -151,6 +157,10 @@ class Quotas:
         self._store, self._keys = store, keys
         self._fail_closed = on_redis_error == "closed"
         self._allowances: dict[str, Allowance] = {}  # per tenant: leased ahead, spent here
+        # per tenant, a charge on its way to Redis that takes a lease: the tenant's other
+        # requests meanwhile wait for it rather than each ask Redis (all of a gateway's
+        # concurrent requests did, each time a lease ran out: a lease of floor size each)
+        self._renewing: dict[str, asyncio.Future[bool]] = {}  # done: whether a lease came
 
     async def charge(
         self, name: str, tenant: Tenant, tokens: int, requests: int = 1
@@ -161,14 +171,41 @@ class Quotas:
         if tenant.requests_per_minute is None and tenant.tokens_per_minute is None:
             return None
         costs = Pace(tenant.tokens_per_minute, tokens)
-        now_s = time.monotonic()
-        allowance = self._allowances.get(name)  # a lease never holds a request too large
-        if allowance is not None and allowance.take(requests, tokens, now_s):
-            metrics.quota_checks_total.add(LEASED)
-            return Charge(name, costs, allowance.headers)
-        problem = too_large(costs)
+        while (leased := self._leased(name, costs, requests)) is None:
+            renewing = self._renewing.get(name)
+            if renewing is None:
+                break
+            if not await asyncio.shield(renewing):  # no lease came of it (a 429, Redis down)
+                return await self._checked(name, tenant, costs, requests)
+        if leased is not None:
+            return leased
+        if not requests or not _leases(tenant):  # no lease to wait for: ask Redis now
+            return await self._checked(name, tenant, costs, requests)
+        self._renewing[name] = renewed = asyncio.get_running_loop().create_future()
+        try:
+            return await self._checked(name, tenant, costs, requests)
+        finally:
+            del self._renewing[name]
+            renewed.set_result(name in self._allowances)
+
+    def _leased(self, name: str, costs: Pace, requests: int) -> Charge | None:
+        """The charge spent from this gateway's lease, if it holds it (a lease never holds
+        a request too large)."""
+        allowance = self._allowances.get(name)
+        if allowance is None or not allowance.take(requests, costs.cost, time.monotonic()):
+            return None
+        metrics.quota_checks_total.add(LEASED)
+        return Charge(name, costs, allowance.headers)
+
+    async def _checked(
+        self, name: str, tenant: Tenant, costs: Pace, requests: int
+    ) -> Charge | None:
+        """The charge as Redis makes it, a lease taken with it and the last one's rest
+        handed back."""
+        problem = too_large(costs)  # never leased: a lease holds a quarter burst at most
         if problem is not None:
             raise InvalidRequest(problem, param="max_tokens", code="request_too_large")
+        now_s = time.monotonic()
         asked = Pace(tenant.requests_per_minute if requests else None, requests)
         keys = [self._keys.quota(name, "requests"), self._keys.quota(name, "tokens")]
         # a whole request leases ahead and hands back the rest of the last lease (taken off
@@ -190,7 +227,7 @@ class Quotas:
             raise _refusal(name, verdict, asked, costs)
         metrics.quota_checks_total.add(("admitted",))
         headers = verdict.raw_headers()
-        if verdict.leased and requests:  # a whole request's charge: its lease is spendable
+        if verdict.leased and any(leases):  # a whole request's charge: its lease is spendable
             lease = Allowance.of(headers, asked, costs, now_s, leases)
             raced = self._allowances.get(name)  # another request's lease, taken meanwhile
             self._allowances[name] = lease if raced is None else raced.merged(lease)

@@ -453,3 +453,40 @@ def test_a_lease_holds_only_what_its_gateway_uses_and_hands_back_the_rest(
     # 11 requests of 10 and a lease of 80 open: 190 units, less the time the test took;
     # without the hand-back 350, with quarter-burst leases 1,520
     assert 0 < ahead_us <= 190 * 1_000, ahead_us
+
+
+def test_concurrent_requests_wait_for_the_lease_one_of_them_is_taking(
+    module_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 requests of a tenant at once on one gateway: one asks Redis and the rest wait for
+    its lease (each lease twice the last), so Redis is asked a handful of times, not 64."""
+    import asyncio
+
+    from redis import asyncio as aredis
+
+    from common.keys import Keys
+    from common.tenants import Tenant
+    from gateway import quota_store
+
+    asked = []
+    checked = quota_store.run_script
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        asked.append(args[3])
+        return await checked(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quota_store, "run_script", counted)
+    tenant = Tenant(api_keys=["k"], requests_per_minute=6_000_000)
+
+    async def at_once() -> list[object]:
+        store = aredis.Redis.from_url(module_redis.url)
+        quotas = quota_store.Quotas(store, Keys("mbherd"), "closed")
+        try:
+            return await asyncio.gather(*(quotas.charge("herd", tenant, 0) for _ in range(64)))
+        finally:
+            await store.aclose()
+
+    charges = asyncio.run(at_once())
+    assert all(c is not None for c in charges)
+    # leases of 8, 16, 32 and 64 requests (each its request and the lease): 4 asks
+    assert [a[3] for a in asked] == [8, 16, 32, 64], asked
