@@ -46,6 +46,13 @@ from tests.proc_tree import descendants
 KEY = "sk-t0"
 
 
+def many_tenants(count: int = 100, quotas: bool = True) -> dict[str, dict]:
+    """`count` tenants (`KEY` is the first one's), each, with `quotas`, with a requests and a
+    tokens quota far above any load here: every request is quota-checked, never refused."""
+    limits = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
+    return {f"t{i}": {"api_keys": [f"sk-t{i}"], **(limits if quotas else {})} for i in range(count)}
+
+
 def _script(folder: Path) -> Path:
     script = folder / "single.lua"
     body = json.dumps({"model": "noop", "input": "a short text to embed"})
@@ -127,11 +134,7 @@ def _fleet(args: argparse.Namespace) -> tuple[Rates, dict[str, Rates]]:
     """One fleet started, measured and stopped: its rounds' rates, and CPU per request."""
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         folder = Path(tmp)
-        quotas = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
-        tenants = {
-            f"t{i}": {"api_keys": [f"sk-t{i}"], **({} if args.no_quotas else quotas)}
-            for i in range(args.tenants)
-        }
+        tenants = many_tenants(args.tenants, quotas=not args.no_quotas)
         path = folder / "tenants.json"
         path.write_text(json.dumps({"tenants": tenants}))
         plain = {"api_keys": KEY}

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.batching import env_with, free_port
 from benchmarks.fleet import host_cpu, need, poll, start_redis
 from benchmarks.queue_stack import ROOT, process, ready
-from benchmarks.tenant_cost import KEY
+from benchmarks.tenant_cost import KEY, many_tenants
 
 IDLE_S = 5
 WARM = 200
@@ -113,8 +113,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     os.environ["PYTHONHASHSEED"] = "0"  # both gateways lay out their dicts alike
-    quotas = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
-    tenants = {f"t{i}": {"api_keys": [f"sk-t{i}"], **quotas} for i in range(100)}
+    tenants = many_tenants()
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         folder = Path(tmp)
         (folder / "tenants.json").write_text(json.dumps({"tenants": tenants}))

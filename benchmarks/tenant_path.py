@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.fleet import host_cpu, start_redis
-from benchmarks.tenant_cost import KEY, _script, _wrk
+from benchmarks.tenant_cost import KEY, _script, _wrk, many_tenants
 
 SETTINGS = {
     "model": "noop",
@@ -95,8 +95,7 @@ def main() -> None:
     with ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         redis_url = start_redis("single", stack, folder).url
-        quotas = {"requests_per_minute": 10_000_000, "tokens_per_minute": 1_000_000_000}
-        tenants = {f"t{i}": {"api_keys": [f"sk-t{i}"], **quotas} for i in range(100)}
+        tenants = many_tenants()
         (folder / "tenants.json").write_text(json.dumps({"tenants": tenants}))
         urls = _serve(folder / "tenants.json", redis_url)
         script = _script(folder)
