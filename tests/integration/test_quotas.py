@@ -490,3 +490,43 @@ def test_concurrent_requests_wait_for_the_lease_one_of_them_is_taking(
     assert all(c is not None for c in charges)
     # leases of 8, 16, 32 and 64 requests (each its request and the lease): 4 asks
     assert [a[3] for a in asked] == [8, 16, 32, 64], asked
+
+
+def test_a_refused_charge_still_hands_back_the_last_lease(
+    module_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tenant another gateway pushed over its pace meanwhile: the charge is a 429, and the
+    rest of this gateway's expired lease still goes back (it would otherwise hold the pace
+    ahead until it passed)."""
+    import asyncio
+
+    from redis import asyncio as aredis
+
+    from common.errors import RateLimited
+    from common.keys import Keys
+    from common.tenants import Tenant
+    from gateway import quota_store
+
+    clock = [1_000.0]
+    monkeypatch.setattr(quota_store.time, "monotonic", lambda: clock[0])
+    tenant = Tenant(api_keys=["k"], tokens_per_minute=60_000)  # a unit each ms, burst 3,000
+    keys = Keys("mbrefused")
+    pace = keys.quota("pushed", "tokens")
+
+    async def refused_then_ahead() -> tuple[float, float]:
+        store = aredis.Redis.from_url(module_redis.url)
+        quotas = quota_store.Quotas(store, keys, "closed")
+        try:
+            assert await quotas.charge("pushed", tenant, tokens=10) is not None  # lease: 80
+            seconds, micros = await store.time()
+            crowded = seconds * 1_000_000 + micros + 3_500 * 1_000  # past the burst
+            await store.set(pace, f"{crowded:.3f}", px=60_000)
+            clock[0] += 1.5  # the lease expired unspent
+            with pytest.raises(RateLimited):
+                await quotas.charge("pushed", tenant, tokens=10)
+            return crowded, float(await store.get(pace))
+        finally:
+            await store.aclose()
+
+    crowded, after = asyncio.run(refused_then_ahead())
+    assert after == pytest.approx(crowded - 80 * 1_000, abs=1)  # the 80 handed back

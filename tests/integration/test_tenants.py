@@ -195,3 +195,40 @@ def _reloads(url: str, outcome: str) -> float:
         if line.startswith(f'microbatch_tenants_reloads_total{{outcome="{outcome}"}}'):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def test_a_tenant_s_quota_check_is_a_span_of_its_request(
+    module_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Traced, a tenant's request shows its quota check as a child of the server span (the
+    check enters no tracing context when tracing is off)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    path = tmp_path / "tenants.json"
+    path.write_text(json.dumps({"tenants": {"acme": {"api_keys": ["sk-acme"],
+                                                     "tokens_per_minute": 600_000}}}))  # fmt: skip
+    exported, provider = InMemorySpanExporter(), TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    common = {"redis_url": module_redis.url, "prefix": "mbspan", "read_block_ms": 100}
+    deployment = InProcess()
+    try:
+        port = free_port()
+        url = deployment.start_gateway(
+            Settings(**common, port=port, gateway_id=f"s-{port}", tenants=path),
+            provider.get_tracer("microbatch"),
+        )
+        deployment.start_worker(Settings(**common, model="noop"))
+        wait_until(
+            lambda: _embed(url, "sk-acme").status_code, 60, "served", until=lambda s: s == 200
+        )
+        spans = exported.get_finished_spans()
+        (server, *_) = [s for s in reversed(spans) if s.kind is SpanKind.SERVER]
+        children = {
+            s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id
+        }
+        assert "quota" in children, children
+    finally:
+        deployment.close()
