@@ -66,8 +66,8 @@ def lease_size(pace: Pace, used: int) -> int:
     of it when it ran out, so a lease spent too soon doubles), at least `LEASE_FIRST`
     requests' worth, at most a quarter burst. Sized to this gateway's own rate, a lease
     does not hold quota that no request here will use: a quarter burst leased each second
-    by a gateway sending a hundredth of that spent the tenant's pace 25 times faster than
-    its requests, and left its remaining-headers near zero."""
+    by a gateway whose requests used a fortieth of it spent the tenant's pace 40 times
+    faster than they did, and left its remaining-headers near zero."""
     cap = pace.lease_cap
     return min(cap, max(LEASE_FIRST * max(1, pace.cost), 2 * used)) if cap else 0
 
