@@ -10,21 +10,30 @@ from common.errors import PermissionDenied, Unauthorized
 from common.tenants import Tenants
 
 
-def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
-    """The matching plain key, None when auth is off (no keys); raises Unauthorized
-    otherwise. Never logs keys."""
-    if not keys:
-        return None
+def bearer_token(authorization: str | None) -> str:
+    """The key an `Authorization: Bearer <key>` header presents; 401 without one."""
     scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    return token
+
+
+def _plain_key(token: str, keys: Sequence[str]) -> str:
+    """The configured key the token is; 401 when none is. Never logs keys."""
     matched = None
     for key in keys:  # no early exit: every key is compared
-        if hmac.compare_digest(token.strip().encode(), key.encode()):
+        if hmac.compare_digest(token.encode(), key.encode()):
             matched = key
     if matched is None:
         raise Unauthorized("invalid API key")
     return matched
+
+
+def check_api_key(authorization: str | None, keys: Sequence[str]) -> str | None:
+    """The matching plain key, None when auth is off (no keys); raises Unauthorized
+    otherwise."""
+    return _plain_key(bearer_token(authorization), keys) if keys else None
 
 
 def authenticate(
@@ -33,19 +42,12 @@ def authenticate(
     """The matching key and the tenant that holds it (None: a plain `api_keys` entry, or auth
     off). Auth is on when keys are set or a tenants file is (`tenants`, even with no tenant
     in it); raises Unauthorized otherwise. A tenant's key is found by its digest (one hash);
-    any other is compared with every plain key, as `check_api_key` does."""
+    any other is compared with every plain key."""
     if tenants is None:
         return check_api_key(authorization, keys), None
-    scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Unauthorized("missing API key: send 'Authorization: Bearer <key>'")
+    token = bearer_token(authorization)
     owner = tenants.of_key(token)
-    if owner is not None:
-        return token, owner
-    if not keys:
-        raise Unauthorized("invalid API key")
-    return check_api_key(authorization, keys), None
+    return (token, owner) if owner is not None else (_plain_key(token, keys), None)
 
 
 def check_interactive(key: str | None, allowed: Sequence[str]) -> None:

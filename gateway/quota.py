@@ -138,8 +138,8 @@ class Allowance:
     tokens: int
     until_s: float
     headers: RawHeaders
-    leased: tuple[int, int] = (0, 0)  # what was leased of each pace (0: unmetered)
-    per_minute: tuple[int | None, int | None] = (None, None)  # the paces it was leased of
+    leased: tuple[int, int]  # what was leased of each pace (0: unmetered)
+    per_minute: tuple[int | None, int | None]  # the paces it was leased of
 
     @classmethod
     def of(
