@@ -5,10 +5,12 @@ gateway started on a bad file refuses to start, naming the tenant and the field.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -32,29 +34,38 @@ TENANTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
-    path = tmp_path_factory.mktemp("tenants") / "tenants.json"
-    path.write_text(json.dumps(TENANTS))
+@contextlib.contextmanager
+def _serving(
+    redis_url: str, prefix: str, key: str, tracer: object = None, **gateway: object
+) -> Iterator[str]:
+    """A gateway (these settings) and a `noop` worker on one Redis: the gateway's URL, once
+    `key` is answered."""
     deployment = InProcess()
-    common = {"redis_url": module_redis.url, "prefix": "mbten", "read_block_ms": 100}
+    common = {"redis_url": redis_url, "prefix": prefix, "read_block_ms": 100}
     try:
         port = free_port()
-        url = deployment.start_gateway(
-            Settings(
-                **common, port=port, gateway_id=f"t-{port}", tenants=path, api_keys=["sk-legacy"]
-            )
-        )
+        settings = Settings(**common, port=port, gateway_id=f"{prefix}-{port}", **gateway)
+        url = deployment.start_gateway(settings, tracer)
         deployment.start_worker(Settings(**common, model="noop"))
         wait_until(
-            lambda: _embed(url, "sk-legacy").status_code,
+            lambda: _embed(url, key).status_code,
             60,
             "the noop model served",
             until=lambda status: status == 200,
         )
-        yield url, path
+        yield url
     finally:
         deployment.close()
+
+
+@pytest.fixture(scope="module")
+def served(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory):
+    path = tmp_path_factory.mktemp("tenants") / "tenants.json"
+    path.write_text(json.dumps(TENANTS))
+    with _serving(
+        module_redis.url, "mbten", "sk-legacy", tenants=path, api_keys=["sk-legacy"]
+    ) as url:
+        yield url, path
 
 
 def _embed(url: str, key: str | None, model: str = "noop", **headers: str) -> httpx.Response:
@@ -133,23 +144,8 @@ def tenants_only(module_redis: RedisServer, tmp_path_factory: pytest.TempPathFac
     path = tmp_path_factory.mktemp("tenants-only") / "tenants.json"
     two = {"acme": {"api_keys": ["sk-acme"]}, "gamma": {"api_keys": ["sk-gamma"]}}
     path.write_text(json.dumps({"tenants": two}))
-    deployment = InProcess()
-    common = {"redis_url": module_redis.url, "prefix": "mbonly", "read_block_ms": 100}
-    try:
-        port = free_port()
-        url = deployment.start_gateway(
-            Settings(**common, port=port, gateway_id=f"o-{port}", tenants=path)
-        )
-        deployment.start_worker(Settings(**common, model="noop"))
-        wait_until(
-            lambda: _embed(url, "sk-acme").status_code,
-            60,
-            "the noop model served",
-            until=lambda status: status == 200,
-        )
+    with _serving(module_redis.url, "mbonly", "sk-acme", tenants=path) as url:
         yield url
-    finally:
-        deployment.close()
 
 
 def test_a_tenants_file_alone_closes_every_route_to_a_caller_without_a_key(
@@ -212,23 +208,9 @@ def test_a_tenant_s_quota_check_is_a_span_of_its_request(
                                                      "tokens_per_minute": 600_000}}}))  # fmt: skip
     exported, provider = InMemorySpanExporter(), TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exported))
-    common = {"redis_url": module_redis.url, "prefix": "mbspan", "read_block_ms": 100}
-    deployment = InProcess()
-    try:
-        port = free_port()
-        url = deployment.start_gateway(
-            Settings(**common, port=port, gateway_id=f"s-{port}", tenants=path),
-            provider.get_tracer("microbatch"),
-        )
-        deployment.start_worker(Settings(**common, model="noop"))
-        wait_until(
-            lambda: _embed(url, "sk-acme").status_code, 60, "served", until=lambda s: s == 200
-        )
+    tracer = provider.get_tracer("microbatch")
+    with _serving(module_redis.url, "mbspan", "sk-acme", tracer, tenants=path):
         spans = exported.get_finished_spans()
-        (server, *_) = [s for s in reversed(spans) if s.kind is SpanKind.SERVER]
-        children = {
-            s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id
-        }
-        assert "quota" in children, children
-    finally:
-        deployment.close()
+    (server, *_) = [s for s in reversed(spans) if s.kind is SpanKind.SERVER]
+    children = {s.name for s in spans if s.parent and s.parent.span_id == server.context.span_id}
+    assert "quota" in children, children
